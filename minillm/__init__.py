@@ -1,0 +1,42 @@
+"""minillm: a compact, real LLM inference engine that the textbook's chapters measure live.
+
+Module map (one concept each):
+
+    config.py        EngineConfig: block size, budgets, scheduling policy, pool size
+    model_config.py  ModelConfig: a Llama-family shape read from a Hugging Face config.json
+    model.py         the decoder (RMSNorm, RoPE, GQA attention, SwiGLU) and checkpoint loading
+    tokenizer.py     the checkpoint's tokenizer and incremental detokenization
+    request.py       Request (tokens, progress, block table) and RequestOutput
+    sampling.py      SamplingParams and the batched Sampler (greedy, temperature, top-k, top-p)
+    kv_cache.py      the paged KV pool, BlockManager (ref counts) and the prefix cache
+    scheduler.py     continuous / static batching, chunked prefill, preemption by recompute
+    batch.py         one step flattened into tensors: input ids, positions, slots, block tables
+    attention/       paged attention backends: torch_ref (reference) and, on GPU, Triton
+    engine.py        the step loop: schedule, forward, sample, stop checks, metrics, trace
+    llm.py           LLM: generate, stream, stats, trace
+    metrics.py       RequestMetrics (TTFT, TPOT, ITL, E2E) and summaries with percentiles
+    trace.py         StepRecord: what each step ran, for the widgets
+    train.py         the training script of the shipped tiny model
+    bench/           python -m minillm.bench engine: throughput ratios measured side by side
+"""
+
+from minillm.config import EngineConfig
+from minillm.llm import LLM, default_model_path
+from minillm.metrics import RequestMetrics, summarize
+from minillm.model_config import ModelConfig
+from minillm.request import RequestOutput
+from minillm.sampling import SamplingParams
+from minillm.trace import ScheduledEntry, StepRecord
+
+__all__ = [
+    "LLM",
+    "EngineConfig",
+    "ModelConfig",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "ScheduledEntry",
+    "StepRecord",
+    "default_model_path",
+    "summarize",
+]

@@ -1,0 +1,91 @@
+"""Paged attention in plain PyTorch: the readable reference every other backend must match.
+
+Shapes: T tokens in the step, B requests, H query heads, K KV heads (H = G * K, grouped-query
+attention), D head dim, N blocks of P slots, S context length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minillm.batch import AttentionMetadata
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+             ) -> None:
+    """Store the step's K and V (T, K, D) in the layer's cache (2, N, P, K, D) at their slots."""
+    _, N, P, K, D = kv_cache.shape
+    kv_cache[0].view(N * P, K, D).index_copy_(0, slot_mapping, k)
+    kv_cache[1].view(N * P, K, D).index_copy_(0, slot_mapping, v)
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One request's first seq_len K (or V) rows, in order: (N, P, K, D) -> (S, K, D)."""
+    P = cache.shape[1]
+    blocks = block_table[: -(-seq_len // P)]
+    return cache[blocks].flatten(0, 1)[:seq_len]  # (n, P, K, D) -> (S, K, D)
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor) -> torch.Tensor:
+    """One query token per request, all requests at once: (B, H, D) -> (B, H, D)."""
+    P = kv_cache.shape[2]
+    num_blocks = -(-int(seq_lens.max()) // P)
+    tables = block_tables[:, :num_blocks].long()
+    k = kv_cache[0][tables].flatten(1, 2)  # (B, n, P, K, D) -> (B, S, K, D)
+    v = kv_cache[1][tables].flatten(1, 2)
+    S = k.shape[1]
+    visible = torch.arange(S, device=q.device)[None, :] < seq_lens[:, None]  # (B, S)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # (B, H, 1, D)
+        k.transpose(1, 2), v.transpose(1, 2),  # (B, K, S, D)
+        attn_mask=visible[:, None, None, :],  # (B, 1, 1, S)
+        enable_gqa=True,
+    )
+    return out.squeeze(2)  # (B, H, 1, D) -> (B, H, D)
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One request's n new tokens over its whole context, the new ones causally: (n, H, D).
+
+    The first seq_len - n context tokens were cached by earlier steps (a prefix or earlier
+    chunks); query i sits at position seq_len - n + i and sees every key up to it.
+    """
+    n = q.shape[0]
+    k = gather_context(k_cache, block_table, seq_len)  # (S, K, D)
+    v = gather_context(v_cache, block_table, seq_len)
+    query_pos = torch.arange(seq_len - n, seq_len, device=q.device)
+    visible = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]  # (n, S)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),  # (H, n, D)
+        k.transpose(0, 1), v.transpose(0, 1),  # (K, S, D)
+        attn_mask=visible, enable_gqa=True,
+    )
+    return out.transpose(0, 1)  # (H, n, D) -> (n, H, D)
+
+
+class TorchAttention:
+    """The reference backend: writes K/V into the paged cache, then attends through it."""
+
+    name = "torch"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q (T, H, D), k and v (T, K, D), kv_cache (2, N, P, K, D) -> (T, H, D)."""
+        write_kv(k, v, kv_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        starts = meta.query_start_loc.tolist()
+        decodes = [b for b, n in enumerate(meta.query_lens) if n == 1]
+        if decodes:
+            rows = torch.tensor([starts[b] for b in decodes], device=q.device)
+            seqs = torch.tensor(decodes, device=q.device)
+            out[rows] = decode_attention(q[rows], kv_cache, meta.block_tables[seqs],
+                                         meta.seq_lens[seqs])
+        for b, n in enumerate(meta.query_lens):
+            if n > 1:
+                lo = starts[b]
+                out[lo:lo + n] = extend_attention(q[lo:lo + n], kv_cache[0], kv_cache[1],
+                                                  meta.block_tables[b].long(), meta.seq_lens_cpu[b])
+        return out

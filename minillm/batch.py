@@ -1,0 +1,96 @@
+"""Flatten one step's scheduled requests into the tensors the model and attention read.
+
+All tokens of the step sit in one flat row of T tokens, request after request (no padding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minillm.scheduler import ScheduledRequest
+
+
+@dataclass
+class AttentionMetadata:
+    """What paged attention needs to find each token's place and context. B requests, T tokens.
+
+    slot_mapping (T,) int64: cache slot (block * P + offset) where each new token's K/V go.
+    query_start_loc (B+1,) int32: request b's tokens are rows query_start_loc[b]:[b+1].
+    seq_lens (B,) int32: context length of each request after this step (cached + new).
+    block_tables (B, max_blocks) int32: physical blocks of each request, padded with 0.
+    query_lens, seq_lens_cpu: the same lengths as Python lists, for loops without device syncs.
+    """
+
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    query_lens: list[int]
+    seq_lens_cpu: list[int]
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_cpu)
+
+
+@dataclass
+class Batch:
+    """One step's model input. sample_indices picks the rows whose logits are sampled: the last
+    token of each request that reaches the end of its known tokens this step."""
+
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    attn: AttentionMetadata
+    sample_indices: torch.Tensor  # (S,)
+    sampled: list[ScheduledRequest]  # the requests behind sample_indices, in the same order
+
+
+def build_batch(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> Batch:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start = [0]
+    seq_lens: list[int] = []
+    sample_rows: list[int] = []
+    sampled: list[ScheduledRequest] = []
+    for s in scheduled:
+        req, start = s.request, s.num_computed_tokens
+        end = start + s.num_tokens
+        input_ids += req.token_ids[start:end]
+        positions += range(start, end)
+        table = req.block_table
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        query_start.append(query_start[-1] + s.num_tokens)
+        seq_lens.append(end)
+        if end == req.num_tokens:  # all known tokens computed: the last one's logits pick the next
+            sample_rows.append(query_start[-1] - 1)
+            sampled.append(s)
+    max_blocks = max(len(s.request.block_table) for s in scheduled)
+    tables = [s.request.block_table + [0] * (max_blocks - len(s.request.block_table))
+              for s in scheduled]
+
+    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    attn = AttentionMetadata(
+        slot_mapping=tensor(slots, torch.int64),
+        query_start_loc=tensor(query_start, torch.int32),
+        seq_lens=tensor(seq_lens, torch.int32),
+        block_tables=tensor(tables, torch.int32),
+        query_lens=[s.num_tokens for s in scheduled],
+        seq_lens_cpu=seq_lens,
+        block_size=block_size,
+    )
+    return Batch(tensor(input_ids, torch.int64), tensor(positions, torch.int64), attn,
+                 tensor(sample_rows, torch.int64), sampled)

@@ -1,0 +1,67 @@
+"""Engine settings: one frozen dataclass, validated once, passed down explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Scheduling = Literal["continuous", "static"]
+AttentionBackendName = Literal["auto", "torch", "triton"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine batches, pages and schedules; names follow vLLM's engine arguments.
+
+    block_size: tokens per KV block (a power of two).
+    max_num_seqs: most sequences in one step's batch.
+    max_num_batched_tokens: the token budget of one step (prefill chunks plus decodes).
+    enable_chunked_prefill: split long prompts into chunks that share steps with decodes.
+    enable_prefix_caching: reuse the KV blocks of an identical, already computed prefix.
+    scheduling: "continuous" (iteration-level, Orca/vLLM) or "static" (run a batch to completion).
+    num_kv_blocks: size of the KV pool in blocks; None sizes it from memory.
+    max_model_len: longest sequence (prompt + output) in tokens; None takes the model's.
+    """
+
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    scheduling: Scheduling = "continuous"
+    attention_backend: AttentionBackendName = "auto"
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size < 1 or (
+            self.block_size & (self.block_size - 1)
+        ):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.scheduling not in ("continuous", "static"):
+            raise ValueError(
+                f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"
+            )
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                "attention_backend must be 'auto', 'torch' or 'triton', "
+                f"got {self.attention_backend!r}"
+            )
+        if self.num_kv_blocks is not None and (
+            not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
+        ):
+            raise ValueError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or self.max_model_len < 1
+        ):
+            raise ValueError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")

@@ -1,0 +1,219 @@
+"""The engine loop: schedule a step, run the model on it, sample, and do the bookkeeping."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minillm.attention import get_backend
+from minillm.batch import build_batch
+from minillm.config import EngineConfig
+from minillm.kv_cache import BlockManager, allocate_kv_cache
+from minillm.model import LlamaForCausalLM
+from minillm.request import Request, RequestOutput
+from minillm.sampling import Sampler, SamplingParams
+from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.tokenizer import IncrementalDetokenizer
+from minillm.trace import ScheduledEntry, StepRecord
+
+
+class Engine:
+    """Owns the model, the KV pool, the scheduler and every request in flight.
+
+    config must be resolved: num_kv_blocks and max_model_len set (LLM does that).
+    """
+
+    def __init__(self, model: LlamaForCausalLM, tokenizer: Any, config: EngineConfig,
+                 clock: Callable[[], float] = time.perf_counter):
+        assert config.num_kv_blocks is not None and config.max_model_len is not None
+        self.model, self.tokenizer, self.config, self.clock = model, tokenizer, config, clock
+        mc = model.config
+        self.device = model.lm_head.weight.device
+        self.kv_cache = allocate_kv_cache(
+            mc.num_hidden_layers, config.num_kv_blocks, config.block_size,
+            mc.num_key_value_heads, mc.head_dim, model.lm_head.weight.dtype, self.device)
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.backend = get_backend(config.attention_backend, self.device)
+        self.sampler = Sampler()
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.trace: list[StepRecord] = []
+        self.eos_token_ids = self._eos_token_ids()
+        self._counter = itertools.count()
+
+    def _eos_token_ids(self) -> set[int]:
+        eos = self.model.config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # ---- requests in -------------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Validate and queue one request; nothing changes if it is rejected."""
+        req = self.make_request(prompt, params, request_id, arrival_time)
+        self.enqueue(req)
+        return req.request_id
+
+    def make_request(self, prompt: str | list[int], params: SamplingParams,
+                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
+        """A validated Request, not yet queued. Raises ValueError naming any bad value."""
+        index = next(self._counter)
+        request_id = str(index) if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        token_ids = self._tokenize(prompt)
+        self._check_fits(token_ids, params)
+        generator = None
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + index
+            generator = torch.Generator(self.device).manual_seed(seed)
+        return Request(request_id, token_ids, params,
+                       self.clock() if arrival_time is None else arrival_time,
+                       prompt=prompt if isinstance(prompt, str) else None, generator=generator)
+
+    def enqueue(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        self.detokenizers[req.request_id] = IncrementalDetokenizer(self.tokenizer,
+                                                                   req.prompt_token_ids)
+        self.scheduler.add_request(req)
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            token_ids = list(prompt)
+        else:
+            raise ValueError(f"a prompt must be a str or a list of token ids, got {prompt!r:.80}")
+        if not token_ids:
+            raise ValueError("the prompt is empty: it needs at least one token")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        return token_ids
+
+    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+        c, n = self.config, len(token_ids)
+        if n + params.max_tokens > c.max_model_len:
+            raise ValueError(
+                f"prompt of {n} tokens plus max_tokens={params.max_tokens} exceeds the model's "
+                f"context of max_model_len={c.max_model_len} tokens; shorten the prompt or lower "
+                "max_tokens")
+        if not c.enable_chunked_prefill and n > c.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt of {n} tokens exceeds max_num_batched_tokens={c.max_num_batched_tokens}"
+                " and chunked prefill is off; raise the budget or enable_chunked_prefill=True")
+        needed = self.block_manager.num_blocks_for(n + params.max_tokens)
+        if needed > c.num_kv_blocks:
+            raise ValueError(
+                f"a request of {n} prompt tokens + max_tokens={params.max_tokens} needs {needed} "
+                f"KV blocks but the pool has num_kv_blocks={c.num_kv_blocks}; enlarge the pool")
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop an unfinished request and free its blocks."""
+        if request_id not in self.requests:
+            raise ValueError(f"no unfinished request with request_id {request_id!r}")
+        req = self.requests.pop(request_id)
+        self.detokenizers.pop(request_id)
+        self.scheduler.finish(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return an output for every request that produced a token in it."""
+        start = self.clock()
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            if self.has_unfinished_requests() and not out.preempted:
+                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+            return []
+        tables = {s.request.request_id: list(s.request.block_table) for s in out.scheduled}
+        batch = build_batch(out.scheduled, self.config.block_size, self.device)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
+                            self.backend)
+        sampled = self.sampler(
+            self.model.compute_logits(hidden[batch.sample_indices]),
+            [s.request.params for s in batch.sampled],
+            [s.request.generator for s in batch.sampled])
+        now = self.clock()
+        for s in out.scheduled:
+            req = s.request
+            req.num_computed_tokens += s.num_tokens
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = start
+            self.block_manager.cache_full_blocks(req)
+        outputs = []
+        for s, token, logprobs in zip(batch.sampled, sampled.token_ids, sampled.logprobs):
+            self._append_token(s.request, token, logprobs, now)
+            outputs.append(RequestOutput.of(s.request))
+        self._record(out, start, now, tables)
+        return outputs
+
+    def _append_token(self, req: Request, token: int, logprobs: dict[int, float] | None,
+                      now: float) -> None:
+        req.token_ids.append(token)
+        if logprobs is not None:
+            req.output_logprobs.append(logprobs)
+        m = req.metrics
+        m.token_times.append(now)
+        if m.first_token_time is None:
+            m.first_token_time = now
+        old_len = len(req.text)
+        req.text += self.detokenizers[req.request_id].step(req.token_ids)
+        if self._hit_stop_string(req, old_len):
+            req.finish_reason = "stop"
+        elif token in self.eos_token_ids and not req.params.ignore_eos:
+            req.finish_reason = "stop"
+        elif req.num_output_tokens >= req.params.max_tokens:
+            req.finish_reason = "length"
+        if req.finish_reason is not None:
+            m.finished_time = now
+            self.scheduler.finish(req)
+            del self.requests[req.request_id], self.detokenizers[req.request_id]
+
+    @staticmethod
+    def _hit_stop_string(req: Request, old_len: int) -> bool:
+        """Cut the text at the first stop string that the new text completes."""
+        for stop in req.params.stop_strings:
+            at = req.text.find(stop, max(0, old_len - len(stop) + 1))
+            if at >= 0:
+                req.text = req.text[:at]
+                return True
+        return False
+
+    def _record(self, out: SchedulerOutput, start: float, end: float,
+                tables: dict[str, list[int]]) -> None:
+        entries = [ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
+                                  s.num_computed_tokens) for s in out.scheduled]
+        self.trace.append(StepRecord(
+            step=len(self.trace), start=start, end=end, scheduled=entries,
+            num_free_blocks=self.block_manager.num_free_blocks, block_tables=tables,
+            preempted=[r.request_id for r in out.preempted]))
+
+    def stats(self) -> dict[str, int]:
+        bm = self.block_manager
+        return {
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": bm.prefix_cache_queries,
+            "prefix_cache_hits": bm.prefix_cache_hits,
+            "num_waiting": len(self.scheduler.waiting),
+            "num_running": len(self.scheduler.running),
+        }

@@ -1,0 +1,130 @@
+"""Latency metrics of a request (TTFT, TPOT, ITL, E2E) and their summary over many requests."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps of one request, in seconds on one clock (time.perf_counter or a virtual one).
+
+    token_times[i] is when output token i was produced, so token_times[0] is the first token.
+    """
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token: queueing plus the whole prefill."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float | None:
+        """End-to-end latency: arrival to the last token."""
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float | None:
+        """Time spent waiting before the scheduler first gave the request a step."""
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive output tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (E2E - TTFT) / (n - 1); None when n < 2."""
+        n = len(self.token_times)
+        if n < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, as numpy's default does."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Mean and the percentiles serving benchmarks report, in seconds."""
+
+    mean: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Distribution:
+        mean = sum(values) / len(values) if values else math.nan
+        return cls(mean, *(percentile(values, q) for q in (50, 90, 95, 99)), len(values))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Latency distributions and throughput over a set of finished requests."""
+
+    num_requests: int
+    duration: float
+    output_tokens: int
+    ttft: Distribution
+    tpot: Distribution
+    itl: Distribution
+    e2e: Distribution
+    goodput: float | None  # requests per second that met the SLO
+
+    @property
+    def request_throughput(self) -> float:
+        return self.num_requests / self.duration if self.duration > 0 else math.nan
+
+    @property
+    def output_throughput(self) -> float:
+        return self.output_tokens / self.duration if self.duration > 0 else math.nan
+
+
+def meets_slo(m: RequestMetrics, slo: dict[str, float]) -> bool:
+    """slo maps "ttft", "tpot", "itl" or "e2e" to a bound in seconds; itl bounds the worst gap."""
+    for name, bound in slo.items():
+        if name not in ("ttft", "tpot", "itl", "e2e"):
+            raise ValueError(f"unknown SLO metric {name!r}; use ttft, tpot, itl or e2e")
+        value = max(m.itl, default=0.0) if name == "itl" else getattr(m, name)
+        if value is not None and value > bound:
+            return False
+    return True
+
+
+def summarize(metrics: Iterable[RequestMetrics], slo: dict[str, float] | None = None) -> Summary:
+    """Summarize finished requests; the duration runs from the first arrival to the last finish."""
+    done = [m for m in metrics if m.finished_time is not None]
+    if not done:
+        raise ValueError("summarize needs at least one finished request")
+    duration = max(m.finished_time for m in done) - min(m.arrival_time for m in done)
+    good = sum(meets_slo(m, slo) for m in done) if slo else None
+    return Summary(
+        num_requests=len(done),
+        duration=duration,
+        output_tokens=sum(len(m.token_times) for m in done),
+        ttft=Distribution.of([m.ttft for m in done if m.ttft is not None]),
+        tpot=Distribution.of([m.tpot for m in done if m.tpot is not None]),
+        itl=Distribution.of([x for m in done for x in m.itl]),
+        e2e=Distribution.of([m.e2e for m in done if m.e2e is not None]),
+        goodput=None if good is None else (good / duration if duration > 0 else math.nan),
+    )

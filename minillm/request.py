@@ -1,0 +1,103 @@
+"""A request's life in the engine: its tokens, its progress, its KV blocks, and what it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+import torch
+
+from minillm.metrics import RequestMetrics
+from minillm.sampling import SamplingParams
+
+FinishReason = Literal["length", "stop"]
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One prompt being served.
+
+    token_ids holds the prompt followed by the output so far. num_computed_tokens counts the
+    tokens whose K and V are in the cache; the scheduler moves it forward, preemption resets it.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    prompt: str | None = None
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(init=False)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_prefill_tokens: int = 0  # tokens known at (re)admission: prefill runs until all are in
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    output_logprobs: list[dict[int, float]] = field(default_factory=list)
+    text: str = ""
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True until every token known at admission has its K and V in the cache."""
+        return self.num_computed_tokens < self.num_prefill_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+
+@dataclass
+class RequestOutput:
+    """What generate returns for one prompt (and what stream builds on)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    logprobs: list[dict[int, float]] | None
+    metrics: RequestMetrics
+    finished: bool
+
+    @classmethod
+    def of(cls, req: Request) -> RequestOutput:
+        return cls(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=list(req.prompt_token_ids),
+            text=req.text,
+            token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason,
+            logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
+            metrics=req.metrics,
+            finished=req.is_finished,
+        )
