@@ -20,7 +20,7 @@ class AttentionMetadata:
     query_start_loc (B+1,) int32: request b's tokens are rows query_start_loc[b]:[b+1].
     seq_lens (B,) int32: context length of each request after this step (cached + new).
     block_tables (B, max_blocks) int32: physical blocks of each request, padded with 0.
-    query_lens, seq_lens_cpu: the same lengths as Python lists, for loops without device syncs.
+    query_lens, seq_lens_cpu, query_start_cpu: the same as Python lists, for host-side loops.
     """
 
     slot_mapping: torch.Tensor
@@ -29,6 +29,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     query_lens: list[int]
     seq_lens_cpu: list[int]
+    query_start_cpu: list[int]
     block_size: int
 
     @property
@@ -90,6 +91,7 @@ def build_batch(scheduled: list[ScheduledRequest], block_size: int, device: torc
         block_tables=tensor(tables, torch.int32),
         query_lens=[s.num_tokens for s in scheduled],
         seq_lens_cpu=seq_lens,
+        query_start_cpu=query_start,
         block_size=block_size,
     )
     return Batch(tensor(input_ids, torch.int64), tensor(positions, torch.int64), attn,

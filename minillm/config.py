@@ -56,7 +56,8 @@ class EngineConfig:
         if self.num_kv_blocks is not None and (
             not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
         ):
-            raise ValueError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
+            raise ValueError(
+                f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
@@ -64,4 +65,5 @@ class EngineConfig:
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):
-            raise ValueError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+            raise ValueError(
+                f"max_model_len must be a positive integer, got {self.max_model_len!r}")

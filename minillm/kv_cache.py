@@ -38,7 +38,7 @@ class PrefixMatch:
 
 
 def chain_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
-    """Hash of a block's tokens chained to its parent's hash (SHA-256: collisions are negligible)."""
+    """A block's tokens hashed with its parent's hash (SHA-256: no practical collisions)."""
     return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
 
 

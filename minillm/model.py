@@ -55,17 +55,22 @@ class Rotary(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate (T, heads, D) by each token's position (first half / second half pairing)."""
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each token's rotation angles, once per step: (T, 1, D) each."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, D/2)
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (T, 1, D)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (T, heads, D) pairwise, pairing dimension i with i + D/2 (Hugging Face's layout)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: Rotary):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         E, self.H, self.K, self.D = (config.hidden_size, config.num_attention_heads,
                                      config.num_key_value_heads, config.head_dim)
@@ -73,15 +78,15 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(E, self.K * self.D, bias=config.qkv_bias)
         self.v_proj = nn.Linear(E, self.K * self.D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.H * self.D, E, bias=config.o_bias)
-        self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: TorchAttention) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: torch.Tensor, meta: AttentionMetadata, backend: TorchAttention
+                ) -> torch.Tensor:
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.H, self.D)  # (T, E) -> (T, H, D)
         k = self.k_proj(x).view(T, self.K, self.D)  # (T, E) -> (T, K, D)
         v = self.v_proj(x).view(T, self.K, self.D)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = backend.forward(q, k, v, kv_cache, meta)  # (T, H, D)
         return self.o_proj(out.reshape(T, self.H * self.D))  # (T, H*D) -> (T, E)
 
@@ -99,16 +104,17 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: Rotary):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.self_attn = Attention(config, rotary)
+        self.self_attn = Attention(config)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: TorchAttention) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta, backend)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: torch.Tensor, meta: AttentionMetadata, backend: TorchAttention
+                ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -117,8 +123,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.rotary = Rotary(config)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, self.rotary) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -139,8 +144,9 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata, backend: TorchAttention) -> torch.Tensor:
         """input_ids, positions (T,); kv_cache (L, 2, N, P, K, D) -> hidden states (T, E)."""
         x = self.model.embed_tokens(input_ids)  # (T, E)
+        rope = self.model.rotary(positions, x.dtype)
         for layer, layer_cache in zip(self.model.layers, kv_cache):
-            x = layer(x, positions, layer_cache, meta, backend)
+            x = layer(x, rope, layer_cache, meta, backend)
         return self.model.norm(x)
 
     @torch.inference_mode()
@@ -158,7 +164,10 @@ class LlamaForCausalLM(nn.Module):
             if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
                 continue
             nn.init.normal_(p, std=0.02)
-        return model.to(dtype).eval()
+        model = model.to(dtype).eval()
+        # .to(dtype) also rounded the RoPE frequencies; angles must stay fp32, as on loading.
+        model.model.rotary.inv_freq = rope_inv_freq(config).to(device)
+        return model
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,

@@ -24,14 +24,14 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias
     o_bias: bool = False  # Llama when attention_bias
     hidden_act: str = "silu"
     model_type: str = "llama"
     sliding_window: int | None = None
-    eos_token_id: int | list[int] | None = field(default=None, hash=False, compare=False)
+    eos_token_id: int | list[int] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:

@@ -41,7 +41,8 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         if isinstance(self.stop, list) and not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+            raise ValueError(
+                f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
         if isinstance(self.stop, str) and not self.stop:
             raise ValueError("stop must not be the empty string")
 
@@ -58,7 +59,8 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+                      ) -> torch.Tensor:
     """Set logits outside each row's top-k and top-p set to -inf.
 
     logits (B, V) float32; top_k (B,) int64 with 0 meaning off; top_p (B,) float32 in (0, 1].

@@ -76,7 +76,7 @@ class TorchAttention:
         """q (T, H, D), k and v (T, K, D), kv_cache (2, N, P, K, D) -> (T, H, D)."""
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        starts = meta.query_start_loc.tolist()
+        starts = meta.query_start_cpu
         decodes = [b for b, n in enumerate(meta.query_lens) if n == 1]
         if decodes:
             rows = torch.tensor([starts[b] for b in decodes], device=q.device)

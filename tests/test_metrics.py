@@ -1,0 +1,57 @@
+"""Request metrics and their summary: the formulas the chapters quote."""
+
+import math
+
+import numpy as np
+import pytest
+
+from minillm.metrics import RequestMetrics, percentile, summarize
+
+
+def make(arrival, tokens, scheduled=None):
+    m = RequestMetrics(arrival_time=arrival, first_scheduled_time=scheduled or arrival)
+    m.token_times = list(tokens)
+    m.first_token_time = tokens[0]
+    m.finished_time = tokens[-1]
+    return m
+
+
+def test_ttft_tpot_itl_e2e():
+    m = make(1.0, [1.5, 1.6, 1.8, 1.9], scheduled=1.2)
+    assert m.ttft == pytest.approx(0.5)
+    assert m.e2e == pytest.approx(0.9)
+    assert m.queue_time == pytest.approx(0.2)
+    assert m.itl == pytest.approx([0.1, 0.2, 0.1])
+    # TPOT = (E2E - TTFT) / (n - 1), so E2E = TTFT + (n - 1) * TPOT.
+    assert m.tpot == pytest.approx((m.e2e - m.ttft) / 3)
+    assert m.e2e == pytest.approx(m.ttft + 3 * m.tpot)
+
+
+def test_single_token_has_no_tpot():
+    assert make(0.0, [0.3]).tpot is None and make(0.0, [0.3]).itl == []
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 95, 99, 100])
+def test_percentile_matches_numpy(q):
+    xs = [3.0, 1.0, 7.0, 2.0, 9.0, 4.0]
+    assert percentile(xs, q) == pytest.approx(np.percentile(xs, q))
+
+
+def test_summary_and_goodput():
+    ms = [make(0.0, [0.1, 0.2, 0.3]), make(0.0, [0.9, 1.0]), make(0.5, [0.6, 2.0])]
+    s = summarize(ms, slo={"ttft": 0.5})
+    assert s.num_requests == 3 and s.output_tokens == 7
+    assert s.duration == pytest.approx(2.0)
+    assert s.ttft.p50 == pytest.approx(0.1)
+    assert s.ttft.mean == pytest.approx((0.1 + 0.9 + 0.1) / 3)
+    assert s.goodput == pytest.approx(2 / 2.0)  # the second request misses the TTFT bound
+    assert s.output_throughput == pytest.approx(3.5)
+    assert summarize(ms).goodput is None
+    with pytest.raises(ValueError, match="ttfx"):
+        summarize(ms, slo={"ttfx": 1.0})
+
+
+def test_summary_needs_finished_requests():
+    with pytest.raises(ValueError):
+        summarize([RequestMetrics(arrival_time=0.0)])
+    assert math.isnan(percentile([], 50))
