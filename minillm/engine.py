@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from minillm.attention import get_backend
-from minillm.batch import build_batch
+from minillm.batch import Batch, build_batch
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager, allocate_kv_cache
 from minillm.model import LlamaForCausalLM
 from minillm.request import Request, RequestOutput
-from minillm.sampling import Sampler, SamplingParams
+from minillm.sampling import Sampler, SampleResult, SamplingParams
 from minillm.scheduler import Scheduler, SchedulerOutput
 from minillm.tokenizer import IncrementalDetokenizer
 from minillm.trace import ScheduledEntry, StepRecord
@@ -147,10 +147,7 @@ class Engine:
         batch = build_batch(out.scheduled, self.config.block_size, self.device)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
                             self.backend)
-        sampled = self.sampler(
-            self.model.compute_logits(hidden[batch.sample_indices]),
-            [s.request.params for s in batch.sampled],
-            [s.request.generator for s in batch.sampled])
+        sampled = self._sample(batch, hidden)
         now = self.clock()
         for s in out.scheduled:
             req = s.request
@@ -164,6 +161,13 @@ class Engine:
             outputs.append(RequestOutput.of(s.request))
         self._record(out, start, now, tables)
         return outputs
+
+    def _sample(self, batch: Batch, hidden: torch.Tensor) -> SampleResult:
+        if not batch.sampled:  # every request in the step is mid-prefill
+            return SampleResult([], [])
+        logits = self.model.compute_logits(hidden[batch.sample_indices])  # (S, V)
+        return self.sampler(logits, [s.request.params for s in batch.sampled],
+                            [s.request.generator for s in batch.sampled])
 
     def _append_token(self, req: Request, token: int, logprobs: dict[int, float] | None,
                       now: float) -> None:

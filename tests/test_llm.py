@@ -206,3 +206,17 @@ def test_default_model_is_shipped():
     assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
     size = sum(f.stat().st_size for f in path.iterdir())
     assert size < 16 * 2**20
+
+
+def test_random_weights_from_a_config():
+    from minillm import ModelConfig
+
+    shape = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16)
+    llm = LLM(shape, num_kv_blocks=16)
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert len(out.token_ids) == 5 and out.text == ""
+    with pytest.raises(ValueError, match="no tokenizer"):
+        llm.generate("hello", use_tqdm=False)
