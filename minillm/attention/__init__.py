@@ -5,19 +5,27 @@ Both take the same inputs: the step's q, k, v, one layer's paged cache and Atten
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from minillm.attention.torch_ref import TorchAttention
 
+if TYPE_CHECKING:
+    from minillm.attention.triton_backend import TritonAttention
 
-def get_backend(name: str, device: torch.device) -> TorchAttention:
-    """The backend for a name. "auto" is the reference until the Triton kernels land."""
+
+def get_backend(name: str, device: torch.device) -> TorchAttention | TritonAttention:
+    """The backend for a name. "auto" is Triton on CUDA and the reference elsewhere."""
     if name == "auto":
-        name = "torch"
+        name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
         return TorchAttention()
     if name == "triton":
-        raise NotImplementedError(
-            "the triton attention backend is not built yet; use attention_backend='torch'"
-        )
+        # Imported here: importing triton fixes, once, whether its kernels are compiled or
+        # interpreted (TRITON_INTERPRET), and the torch backend must not need triton at all.
+        from minillm.attention.triton_backend import TritonAttention, triton_available
+
+        triton_available(device)
+        return TritonAttention()
     raise ValueError(f"unknown attention backend {name!r}; use 'auto', 'torch' or 'triton'")
