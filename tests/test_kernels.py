@@ -258,7 +258,7 @@ def compile_every_kernel(arch: int, dtype_name: str) -> None:
 
     build(triton_write_kv.write_kv_kernel, dict(BLOCK_D=128))
     decode = dict(P=16, BLOCK_G=16, BLOCK_N=triton_decode.BLOCK_N, BLOCK_D=128,
-                  DOT_PRECISION=precision)
+                  DOT_PRECISION=precision, UPCAST=False)
     build(triton_decode.decode_kernel, dict(decode, SPLIT=False))  # lse_ptr unused
     build(triton_decode.decode_kernel, dict(decode, SPLIT=True),
           fp32_pointers=("out_ptr", "lse_ptr"))
@@ -266,7 +266,7 @@ def compile_every_kernel(arch: int, dtype_name: str) -> None:
           fp32_pointers=("part_ptr", "lse_ptr"))
     build(triton_extend.extend_kernel,
           dict(P=16, BLOCK_M=triton_extend.BLOCK_M, BLOCK_N=triton_extend.BLOCK_N, BLOCK_D=128,
-               DOT_PRECISION=precision), num_warps=triton_extend.NUM_WARPS)
+               DOT_PRECISION=precision, UPCAST=False), num_warps=triton_extend.NUM_WARPS)
 
 
 @pytest.mark.parametrize("arch, dtype_name", [(75, "fp16"), (80, "bf16"), (90, "bf16"),
@@ -281,3 +281,23 @@ def test_every_kernel_compiles_ahead_of_time(arch: int, dtype_name: str) -> None
     run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_engine_with_triton_matches_torch_backend():
+    """The whole engine on the shipped model: same greedy tokens with either backend, with
+    chunked prefill (a small budget splits the prompts) and prefix caching on."""
+    from minillm import LLM, SamplingParams
+
+    system = "Duke.\nWhat, is Antonio here?\n\nAnt.\nReady, so please your grace.\n"
+    prompts = [system + "Duke.\nI am sorry", system + "Ant.\nI have heard", "O"]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(num_kv_blocks=64, block_size=16, max_num_batched_tokens=24,
+                  enable_prefix_caching=True, attention_backend=backend, device=DEVICE,
+                  dtype="float32")
+        llm.generate(prompts[:1], params, use_tqdm=False)  # fills the prefix cache
+        tokens[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.stats()["prefix_cache_hits"] > 0
+        assert llm.stats()["num_free_blocks"] == llm.stats()["num_blocks"]
+    assert tokens["triton"] == tokens["torch"]

@@ -19,6 +19,7 @@ Algorithm (flash-decoding with grouped-query attention):
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -33,16 +34,19 @@ MAX_SPLITS = 16
 
 @triton.jit
 def load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, valid, kv_head, d, K, D,
-                 P: tl.constexpr):
-    """K and V (BLOCK_N, BLOCK_D) in fp32 at context positions pos, read through one request's
-    block table; zero where not valid and past D."""
+                 P: tl.constexpr, UPCAST: tl.constexpr):
+    """K and V (BLOCK_N, BLOCK_D) at context positions pos, read through one request's block
+    table; zero where not valid and past D. In the cache's dtype (tensor cores take fp16 and
+    bf16 as they are), or in fp32 with UPCAST (the CPU interpreter has no bf16 arithmetic)."""
     block = tl.load(table_ptr + pos // P, mask=valid, other=0).to(tl.int64)
     slot = block * P + pos % P  # (BLOCK_N,)
     rows = (slot * K + kv_head) * D  # row (slot, kv_head) of a (N * P, K, D) cache half
     offsets = rows[:, None] + d[None, :]  # (BLOCK_N, BLOCK_D)
     mask = valid[:, None] & (d < D)[None, :]
-    k = tl.load(k_cache_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    k = tl.load(k_cache_ptr + offsets, mask=mask, other=0.0)
+    v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
+    if UPCAST:
+        k, v = k.to(tl.float32), v.to(tl.float32)
     return k, v
 
 
@@ -60,7 +64,9 @@ def online_softmax_step(q, k, v, visible, m, l, acc, scale, DOT_PRECISION: tl.co
     alpha = tl.exp(m - m_new)  # rescales what was summed under the old max
     p = tl.exp(scores - m_new[:, None])  # (M, BLOCK_N)
     l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)  # (M, BLOCK_D)
+    # p is rounded to v's dtype for the second product, as flash attention does on GPUs.
+    pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # (M, BLOCK_D)
+    acc = acc * alpha[:, None] + pv
     return m_new, l, acc
 
 
@@ -74,7 +80,7 @@ def decode_kernel(
     lse_ptr,  # with SPLIT, (B, H, num_splits) fp32 log-sum-exp of each split; else unused
     max_blocks, num_splits, split_len, scale, H, K, D,
     P: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G = H // K
@@ -82,7 +88,8 @@ def decode_kernel(
     rows = b * H + kv_head * G + g  # rows of (B * H, D): the query heads reading this KV head
     row_mask = (g < G)[:, None] & (d < D)[None, :]
     q = tl.load(q_ptr + rows[:, None] * D + d[None, :], mask=row_mask, other=0.0)
-    q = q.to(tl.float32)  # (BLOCK_G, BLOCK_D)
+    if UPCAST:
+        q = q.to(tl.float32)  # (BLOCK_G, BLOCK_D)
     seq_len = tl.load(seq_lens_ptr + b)
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)  # start >= end: an empty split
@@ -93,7 +100,7 @@ def decode_kernel(
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + b * max_blocks, pos,
-                            valid, kv_head, d, K, D, P)
+                            valid, kv_head, d, K, D, P, UPCAST)
         m, l, acc = online_softmax_step(q, k, v, valid[None, :], m, l, acc, scale, DOT_PRECISION)
     if SPLIT:
         # An empty split has acc = 0, l = 0 and m = -inf: with l = 1 it stores 0 and lse -inf.
@@ -156,7 +163,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         q, kv_cache[0], kv_cache[1], block_tables, seq_lens, part, lse,
         block_tables.shape[1], num_splits, split_len, 1 / math.sqrt(D), H, K, D,
         P=P, BLOCK_G=max(16, triton.next_power_of_2(H // K)), BLOCK_N=BLOCK_N,
-        BLOCK_D=head_dim_block(D), SPLIT=split, DOT_PRECISION=dot_precision(q.dtype))
+        BLOCK_D=head_dim_block(D), SPLIT=split, DOT_PRECISION=dot_precision(q.dtype),
+        UPCAST=interpreting())
     if split:
         merge_splits_kernel[(B * H,)](part, lse, out, num_splits, D,
                                       BLOCK_S=triton.next_power_of_2(num_splits),
@@ -192,9 +200,15 @@ def head_dim_block(D: int) -> int:
     return max(16, triton.next_power_of_2(D))
 
 
+def interpreting() -> bool:
+    """Whether triton runs kernels in its CPU interpreter, which needs fp32 arithmetic."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision. fp32 inputs need exact products ("ieee"); fp16 and bf16 values
-    upcast to fp32 are exact in tf32, so tensor cores lose nothing on them ("tf32")."""
+    """tl.dot's precision for fp32 operands. An fp32 model needs exact products ("ieee"); fp16
+    and bf16 values upcast to fp32 (interpreter only) are exact in tf32. On a GPU, fp16 and bf16
+    operands go to the tensor cores as they are and this setting does not apply to them."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 

@@ -26,6 +26,7 @@ from minillm.attention.triton_decode import (
     check_paged_inputs,
     dot_precision,
     head_dim_block,
+    interpreting,
     load_kv_tile,
     online_softmax_step,
 )
@@ -46,7 +47,7 @@ def extend_kernel(
     out_ptr,  # (T, H, D); rows of requests outside seq_ids are left alone
     max_blocks, scale, H, K, D,
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     b = tl.load(seq_ids_ptr + tl.program_id(0))
     head, first = tl.program_id(1), tl.program_id(2) * BLOCK_M
@@ -60,7 +61,8 @@ def extend_kernel(
     rows = (q_start + i) * H + head  # rows of (T * H, D)
     row_mask = (i < n)[:, None] & (d < D)[None, :]
     q = tl.load(q_ptr + rows[:, None] * D + d[None, :], mask=row_mask, other=0.0)
-    q = q.to(tl.float32)  # (BLOCK_M, BLOCK_D)
+    if UPCAST:
+        q = q.to(tl.float32)  # (BLOCK_M, BLOCK_D)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -69,7 +71,7 @@ def extend_kernel(
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + b * max_blocks, pos,
-                            valid, head // (H // K), d, K, D, P)
+                            valid, head // (H // K), d, K, D, P, UPCAST)
         visible = valid[None, :] & (pos[None, :] <= query_pos[:, None])  # (BLOCK_M, BLOCK_N)
         m, l, acc = online_softmax_step(q, k, v, visible, m, l, acc, scale, DOT_PRECISION)
     out = acc / l[:, None]
@@ -110,5 +112,5 @@ def extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: t
         q, kv_cache[0], kv_cache[1], block_tables, query_start_loc, seq_lens, seq_ids, out,
         block_tables.shape[1], 1 / math.sqrt(D), H, K, D,
         P=P, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(D),
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=NUM_WARPS)
+        DOT_PRECISION=dot_precision(q.dtype), UPCAST=interpreting(), num_warps=NUM_WARPS)
     return out
