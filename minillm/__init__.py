@@ -13,11 +13,12 @@ Module map (one concept each):
     batch.py         one step flattened into tensors: input ids, positions, slots, block tables
     attention/       paged attention backends: torch_ref (reference) and, on GPU, Triton
     engine.py        the step loop: schedule, forward, sample, stop checks, metrics, trace
+    cuda_graph.py    decode steps replayed as CUDA graphs, one per batch-size bucket (GPU)
     llm.py           LLM: generate, stream, stats, trace
     metrics.py       RequestMetrics (TTFT, TPOT, ITL, E2E) and summaries with percentiles
     trace.py         StepRecord: what each step ran, for the widgets
     train.py         the training script of the shipped tiny model
-    bench/           python -m minillm.bench engine: throughput ratios measured side by side
+    bench/           python -m minillm.bench engine | kernels | gpu: ratios measured side by side
 """
 
 from minillm.config import EngineConfig

@@ -21,6 +21,8 @@ class EngineConfig:
     scheduling: "continuous" (iteration-level, Orca/vLLM) or "static" (run a batch to completion).
     num_kv_blocks: size of the KV pool in blocks; None sizes it from memory.
     max_model_len: longest sequence (prompt + output) in tokens; None takes the model's.
+    enable_cuda_graphs: replay decode-only steps as CUDA graphs, one per batch-size bucket
+        (minillm.cuda_graph); applies on CUDA with the triton backend, ignored elsewhere.
     """
 
     block_size: int = 16
@@ -33,6 +35,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
+    enable_cuda_graphs: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -62,6 +65,9 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
+        if not isinstance(self.enable_cuda_graphs, bool):
+            raise ValueError(
+                f"enable_cuda_graphs must be True or False, got {self.enable_cuda_graphs!r}")
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):

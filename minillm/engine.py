@@ -12,6 +12,7 @@ import torch
 from minillm.attention import get_backend
 from minillm.batch import Batch, build_batch
 from minillm.config import EngineConfig
+from minillm.cuda_graph import DecodeGraphRunner
 from minillm.kv_cache import BlockManager, allocate_kv_cache
 from minillm.model import LlamaForCausalLM
 from minillm.request import Request, RequestOutput
@@ -40,6 +41,10 @@ class Engine:
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.backend = get_backend(config.attention_backend, self.device)
+        self.graph_runner: DecodeGraphRunner | None = None
+        if (config.enable_cuda_graphs and self.device.type == "cuda"
+                and self.backend.name == "triton"):
+            self.graph_runner = DecodeGraphRunner(model, self.kv_cache, self.backend, config)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -145,8 +150,7 @@ class Engine:
             return []
         tables = {s.request.request_id: list(s.request.block_table) for s in out.scheduled}
         batch = build_batch(out.scheduled, self.config.block_size, self.device)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
-                            self.backend)
+        hidden = self._forward(batch)
         sampled = self._sample(batch, hidden)
         now = self.clock()
         for s in out.scheduled:
@@ -161,6 +165,13 @@ class Engine:
             outputs.append(RequestOutput.of(s.request))
         self._record(out, start, now, tables)
         return outputs
+
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        """Hidden states (T, E). A decode-only step replays a CUDA graph when one fits it."""
+        if self.graph_runner is not None and self.graph_runner.can_run(batch.attn):
+            return self.graph_runner.run(batch.input_ids, batch.positions, batch.attn)
+        return self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
+                          self.backend)
 
     def _sample(self, batch: Batch, hidden: torch.Tensor) -> SampleResult:
         if not batch.sampled:  # every request in the step is mid-prefill

@@ -1,23 +1,34 @@
-"""python -m minillm.bench engine: figures measured side by side in one run."""
+"""python -m minillm.bench engine | kernels | gpu: figures measured side by side in one run."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from minillm.bench import engine
+import torch
+
+from minillm.bench import engine, gpu, kernels
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minillm.bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     engine.add_arguments(sub.add_parser("engine", help=engine.__doc__.splitlines()[0]))
-    for name in ("kernels", "gpu", "serve", "simulate"):
+    kernels.add_arguments(sub.add_parser("kernels", help=kernels.__doc__.splitlines()[0]))
+    gpu.add_arguments(sub.add_parser("gpu", help=gpu.__doc__.splitlines()[0]))
+    for name in ("serve", "simulate"):
         sub.add_parser(name, help="not built yet")
     args = parser.parse_args(argv)
     if args.command == "engine":
         engine.main(args)
         return 0
+    if args.command in ("kernels", "gpu"):
+        if not torch.cuda.is_available():
+            print(f"`python -m minillm.bench {args.command}` needs CUDA: it measures "
+                  "the Triton kernels on an NVIDIA GPU, and no CUDA device is visible here. "
+                  "On a CPU, `python -m minillm.bench engine` runs.", file=sys.stderr)
+            return 2
+        return (kernels if args.command == "kernels" else gpu).main(args)
     print(f"`python -m minillm.bench {args.command}` is not built yet", file=sys.stderr)
     return 2
 
