@@ -8,6 +8,8 @@ D head dim, F MLP width, V vocabulary.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -36,7 +38,9 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """RoPE's per-pair frequencies (D/2,), with Llama 3's long-context rescaling when configured."""
     D = config.head_dim
-    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float) / D)
+    # Computed on the CPU whatever the default device: fp32, once, then moved by the caller.
+    exponents = torch.arange(0, D, 2, dtype=torch.float, device="cpu") / D
+    inv_freq = 1.0 / config.rope_theta ** exponents
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
@@ -127,6 +131,19 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
+@contextmanager
+def skip_weight_init() -> Iterator[None]:
+    """Build Linear and Embedding layers without initialising them, for weights that are about
+    to be replaced. (Random init on the meta device would also pull in torch's compiler stack,
+    a one-off second or more, for values that are never used.)"""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
 class LlamaForCausalLM(nn.Module):
     """forward() runs the step's tokens through every layer, reading and writing the KV cache;
     compute_logits() projects only the rows that sample."""
@@ -158,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
                device: torch.device | str = "cpu", seed: int = 0) -> LlamaForCausalLM:
         """Random weights of the given shape, for speed and memory experiments."""
         torch.manual_seed(seed)
-        with torch.device(device):
+        with torch.device(device), skip_weight_init():
             model = cls(config)
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
@@ -177,7 +194,7 @@ class LlamaForCausalLM(nn.Module):
         files = sorted(Path(path).glob("*.safetensors"))
         if not files:
             raise OSError(f"no *.safetensors weights in {str(path)!r}")
-        with torch.device("meta"):
+        with torch.device("meta"), skip_weight_init():
             model = cls(config)
         state: dict[str, torch.Tensor] = {}
         for f in files:
