@@ -334,8 +334,6 @@ def test_greedy_generate_matches_transformers_with_prefix_caching(
 # ---- the shipped model -------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not (default_model_path() / "config.json").is_file(),
-                    reason="the shipped model is still being trained")
 def test_shipped_model_matches_transformers() -> None:
     from transformers import AutoModelForCausalLM
 
@@ -343,7 +341,7 @@ def test_shipped_model_matches_transformers() -> None:
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     llm = LLM(path, device="cpu", dtype="float32", block_size=16, num_kv_blocks=64)
     assert llm.tokenizer is not None
-    texts = ["ROMEO:\nWhat light", "First Citizen:\nBefore we proceed any further, hear me speak."]
+    texts = ["ROMEO.\nWhat light", "FIRST CITIZEN.\nBefore we proceed any further, hear me speak."]
     prompts = [llm.tokenizer.encode(t) for t in texts]
     got_logits = paged_logits(llm.model, prompts, block_size=16, chunk=7)
     for got, prompt in zip(got_logits, prompts, strict=True):
