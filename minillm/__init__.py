@@ -5,6 +5,7 @@ Module map (one concept each):
     config.py        EngineConfig: block size, budgets, scheduling policy, pool size
     model_config.py  ModelConfig: a Llama-family shape read from a Hugging Face config.json
     model.py         the decoder (RMSNorm, RoPE, GQA attention, SwiGLU) and checkpoint loading
+    models.py        named shapes of public models (llama-3-8b, qwen3-0.6b, ...), random weights
     tokenizer.py     the checkpoint's tokenizer and incremental detokenization
     request.py       Request (tokens, progress, block table) and RequestOutput
     sampling.py      SamplingParams and the batched Sampler (greedy, temperature, top-k, top-p)
@@ -17,16 +18,20 @@ Module map (one concept each):
     llm.py           LLM: generate, stream, stats, trace
     metrics.py       RequestMetrics (TTFT, TPOT, ITL, E2E) and summaries with percentiles
     trace.py         StepRecord: what each step ran, for the widgets
-    train.py         the training script of the shipped tiny model
+    sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
+    roofline.py      Hardware peaks, ridge points, the step cost model, measure_machine()
+    train/           the training script of the shipped tiny model (python -m minillm.train)
     bench/           python -m minillm.bench engine | kernels | gpu: ratios measured side by side
 """
 
+from minillm import models, roofline
 from minillm.config import EngineConfig
 from minillm.llm import LLM, default_model_path
 from minillm.metrics import RequestMetrics, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import RequestOutput
 from minillm.sampling import SamplingParams
+from minillm.sizing import cost_per_million_tokens, kv_cache_bytes, max_concurrency
 from minillm.trace import ScheduledEntry, StepRecord
 
 __all__ = [
@@ -38,6 +43,11 @@ __all__ = [
     "SamplingParams",
     "ScheduledEntry",
     "StepRecord",
+    "cost_per_million_tokens",
     "default_model_path",
+    "kv_cache_bytes",
+    "max_concurrency",
+    "models",
+    "roofline",
     "summarize",
 ]

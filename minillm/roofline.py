@@ -1,0 +1,289 @@
+"""The roofline model: peak FLOP/s, memory bandwidth, and the time a step of work needs.
+
+A step that does F FLOPs and moves M bytes takes at least max(F / peak FLOP/s, M / bandwidth).
+Its arithmetic intensity F / M (FLOPs per byte) against the device's ridge point
+(peak FLOP/s / bandwidth) says which bound it hits: decode reads every weight to produce one
+token per sequence (intensity ~ batch size, memory-bound); prefill reuses each weight across the
+prompt (intensity ~ prompt length, compute-bound). The simulator advances its clock by
+`step_time`, so this module is pure Python arithmetic; only `measure_machine` imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
+
+from minillm.model_config import ModelConfig
+from minillm.models import ModelLike, as_config
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator. flops: dense BF16 FLOP/s (tensor cores, no 2:1 sparsity); bandwidth:
+    memory (HBM) bytes/s; memory: bytes, as the datasheet states them (decimal GB);
+    dollars_per_hour: a rental price if you have one (None: unknown)."""
+
+    name: str
+    flops: float
+    bandwidth: float
+    memory: float
+    dollars_per_hour: float | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("flops", "bandwidth", "memory"):
+            value = getattr(self, field)
+            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise ValueError(f"Hardware {self.name!r}: {field} must be a positive number, "
+                                 f"got {value!r}")
+        if self.dollars_per_hour is not None and not self.dollars_per_hour > 0:
+            raise ValueError(f"Hardware {self.name!r}: dollars_per_hour must be positive or None, "
+                             f"got {self.dollars_per_hour!r}")
+
+
+# NVIDIA datasheet figures (SXM boards unless named). The marketing "1,979 TFLOPS" of an H100
+# counts 2:1 structured sparsity; serving runs dense, so flops is half of it.
+HARDWARE: dict[str, Hardware] = {hw.name: hw for hw in (
+    Hardware("A100-40GB", flops=312e12, bandwidth=1.555e12, memory=40e9),
+    Hardware("A100-80GB", flops=312e12, bandwidth=2.039e12, memory=80e9),
+    Hardware("H100-SXM", flops=989e12, bandwidth=3.35e12, memory=80e9),
+    Hardware("H100-PCIe", flops=756e12, bandwidth=2.0e12, memory=80e9),
+    Hardware("H200", flops=989e12, bandwidth=4.8e12, memory=141e9),
+    Hardware("L4", flops=121e12, bandwidth=300e9, memory=24e9),
+    Hardware("T4", flops=65e12, bandwidth=320e9, memory=16e9),  # FP16: T4 has no BF16
+    Hardware("RTX-4090", flops=165.2e12, bandwidth=1.008e12, memory=24e9),  # fp32 accumulate
+)}
+
+
+def get_hardware(hw: Hardware | str) -> Hardware:
+    """A Hardware by name (case-insensitive: "h100-sxm"), or the Hardware given."""
+    if isinstance(hw, Hardware):
+        return hw
+    for name, entry in HARDWARE.items():
+        if isinstance(hw, str) and name.lower() == hw.strip().lower():
+            return entry
+    raise ValueError(f"unknown hardware {hw!r}; known: {', '.join(HARDWARE)} "
+                     "(or pass a Hardware, e.g. measure_machine())")
+
+
+def ridge_point(hw: Hardware | str) -> float:
+    """FLOPs per byte where the roofline bends: peak FLOP/s / bandwidth. Work below it is
+    memory-bound, above it compute-bound (H100-SXM: ~295)."""
+    device = get_hardware(hw)
+    return device.flops / device.bandwidth
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One step on the roofline. flops; bytes moved; compute_time = flops / peak FLOP/s and
+    memory_time = bytes / bandwidth (seconds); overhead (seconds); time = max of the two + overhead.
+    float(cost) is cost.time."""
+
+    flops: float
+    bytes: float
+    compute_time: float
+    memory_time: float
+    overhead: float
+    time: float
+
+    @property
+    def bound(self) -> Literal["compute", "memory"]:
+        """Which roof the step hits."""
+        return "compute" if self.compute_time >= self.memory_time else "memory"
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved."""
+        return self.flops / self.bytes
+
+    def __float__(self) -> float:
+        return self.time
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Per-model constants of the cost model, in parameters and elements (not yet bytes)."""
+
+    layer_matmul_params: int  # weights of every layer's projections: FLOPs 2 * this per token
+    lm_head_params: int  # vocab x hidden: FLOPs 2 * this per row that computes logits
+    read_params: int  # weights read in full each step (an untied embedding is only gathered)
+    attn_flops_per_pair: int  # 4 * H * D * L: q.k and p.v over one (query, key) pair, all layers
+    kv_elems_per_token: int  # 2 * L * K * D
+
+
+@lru_cache(maxsize=256)
+def _shape(config: ModelConfig) -> _Shape:
+    E, H, K, D, F, L = (config.hidden_size, config.num_attention_heads,
+                        config.num_key_value_heads, config.head_dim, config.intermediate_size,
+                        config.num_hidden_layers)
+    lm_head = config.vocab_size * E
+    return _Shape(
+        layer_matmul_params=L * (2 * E * H * D + 2 * E * K * D + 3 * E * F),
+        lm_head_params=lm_head,
+        read_params=config.num_params - (0 if config.tie_word_embeddings else lm_head),
+        attn_flops_per_pair=4 * H * D * L,
+        kv_elems_per_token=2 * L * K * D,
+    )
+
+
+def _config(model: ModelLike) -> ModelConfig:
+    return model if isinstance(model, ModelConfig) else as_config(model)
+
+
+def step_flops_bytes(model: ModelLike, entries: Iterable[tuple[int, int]],
+                     dtype_bytes: float = 2) -> tuple[float, float]:
+    """(FLOPs, bytes) of one forward step over a mixed batch.
+
+    entries: one (num_new_tokens, context_len) pair per request, context_len counting the
+    tokens of context after this step (decode: (1, S); a whole prefill: (P, P); a chunk over a
+    cached prefix: (C, prefix + C)).
+    FLOPs: 2 * projection weights * T new tokens, + 2 * lm_head once per request (the row that
+    samples; a chunk that does not finish its prompt samples none, so this is an upper bound),
+    + 4 * H * D * L per visible (query, key) pair, causal within the new tokens.
+    Bytes: the weights once per step (shared by the batch), + each request's K/V read over its
+    context, + K/V written for the new tokens. Activations and logits are not counted: at the
+    batch sizes that serve they are small next to the weights, or hidden under compute.
+    """
+    s = _shape(_config(model))
+    tokens = rows = pairs = kv_tokens = 0
+    for n, c in entries:
+        if n < 1 or c < n:
+            raise ValueError(f"entry (num_new_tokens={n}, context_len={c}): need "
+                             "1 <= num_new_tokens <= context_len")
+        tokens += n
+        rows += 1
+        pairs += n * c - n * (n - 1) // 2  # query at position p sees p + 1 keys
+        kv_tokens += c + n
+    if rows == 0:
+        raise ValueError("entries is empty: a step runs at least one request")
+    flops = (2 * s.layer_matmul_params * tokens + 2 * s.lm_head_params * rows
+             + s.attn_flops_per_pair * pairs)
+    return flops, (s.read_params + s.kv_elems_per_token * kv_tokens) * dtype_bytes
+
+
+def step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int, int]],
+              dtype_bytes: float = 2, overhead: float = 0.0,
+              overhead_per_token: float = 0.0) -> StepCost:
+    """The roofline time of one step over a mixed batch (see step_flops_bytes for entries):
+    max(FLOPs / peak FLOP/s, bytes / bandwidth) + overhead (seconds per step, e.g. scheduling and
+    kernel launches) + overhead_per_token * new tokens (seconds). Peak rates are never reached
+    in practice; calibrate the overheads, or pass measured rates as a Hardware."""
+    if overhead < 0 or overhead_per_token < 0:
+        raise ValueError(f"overheads must be >= 0 seconds, got overhead={overhead!r}, "
+                         f"overhead_per_token={overhead_per_token!r}")
+    device = hw if isinstance(hw, Hardware) else get_hardware(hw)
+    entries = entries if isinstance(entries, Sequence) else list(entries)
+    flops, moved = step_flops_bytes(model, entries, dtype_bytes)
+    compute_time, memory_time = flops / device.flops, moved / device.bandwidth
+    extra = overhead
+    if overhead_per_token:
+        extra += overhead_per_token * sum(n for n, _ in entries)
+    return StepCost(flops, moved, compute_time, memory_time, extra,
+                    max(compute_time, memory_time) + extra)
+
+
+def _check_counts(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def decode_step_time(model: ModelLike, hw: Hardware | str, batch: int, context_len: int,
+                     dtype_bytes: float = 2, overhead: float = 0.0) -> StepCost:
+    """One decode step: `batch` sequences each add one token to a context of context_len tokens
+    (counting the new one). At batch 1 this is the time per output token (TPOT)."""
+    _check_counts(batch=batch, context_len=context_len)
+    return step_time(model, hw, [(1, context_len)] * batch, dtype_bytes, overhead)
+
+
+def prefill_time(model: ModelLike, hw: Hardware | str, prompt_len: int, batch: int = 1,
+                 dtype_bytes: float = 2, overhead: float = 0.0) -> StepCost:
+    """One step that prefills `batch` prompts of prompt_len tokens from scratch: the time to
+    first token, before queueing."""
+    _check_counts(prompt_len=prompt_len, batch=batch)
+    return step_time(model, hw, [(prompt_len, prompt_len)] * batch, dtype_bytes, overhead)
+
+
+def arithmetic_intensity(model: ModelLike, batch: int, phase: Literal["prefill", "decode"],
+                         context_len: int, prompt_len: int | None = None,
+                         dtype_bytes: float = 2) -> float:
+    """FLOPs per byte of one step. decode: `batch` sequences at context_len tokens (about
+    `batch`); prefill: `batch` chunks of prompt_len new tokens (default: all context_len) ending
+    at context_len (about prompt_len)."""
+    _check_counts(batch=batch, context_len=context_len, prompt_len=prompt_len)
+    if phase == "decode":
+        if prompt_len is not None:
+            raise ValueError(f"prompt_len={prompt_len} is for phase='prefill'; decode adds 1 token")
+        new = 1
+    elif phase == "prefill":
+        new = context_len if prompt_len is None else prompt_len
+    else:
+        raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
+    flops, moved = step_flops_bytes(model, [(new, context_len)] * batch, dtype_bytes)
+    return flops / moved
+
+
+def _best_seconds(fn: Callable[[], object], sync: Callable[[], None], budget: float) -> float:
+    """The fastest of repeated runs of fn within `budget` seconds (after one warm-up run)."""
+    fn()
+    sync()
+    best, deadline = math.inf, time.perf_counter() + budget
+    while time.perf_counter() < deadline or best == math.inf:
+        start = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _matmul_flops(dev: torch.device, seconds: float) -> float:
+    """Achieved FLOP/s of a square matmul: 2 * n^3 FLOPs (fp32 on CPU, bf16 on CUDA)."""
+    import torch
+
+    cuda = dev.type == "cuda"
+    n, dtype = (8192, torch.bfloat16) if cuda else (1024, torch.float32)
+    a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
+    return 2 * n**3 / _best_seconds(lambda: a @ b, _sync(dev), seconds)
+
+
+def _copy_bandwidth(dev: torch.device, seconds: float) -> float:
+    """Achieved bytes/s of a tensor copy, counting the bytes read and the bytes written."""
+    import torch
+
+    numel = 2**28 if dev.type == "cuda" else 2**24  # 1 GiB / 64 MiB of fp32: past the caches
+    src = torch.ones(numel, device=dev)
+    dst = torch.empty_like(src)
+    return 2 * src.nbytes / _best_seconds(lambda: dst.copy_(src), _sync(dev), seconds)
+
+
+def _sync(dev: torch.device) -> Callable[[], None]:
+    import torch
+
+    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+
+
+def measure_machine(device: str | None = None, seconds: float = 1.0) -> Hardware:
+    """This machine's achieved peaks as a Hardware, from two microbenchmarks of seconds / 2
+    each: flops from a square matmul (fp32 on CPU, bf16 on CUDA), bandwidth from a large tensor
+    copy (bytes read + bytes written per second); memory: RAM or GPU memory, bytes. Measured
+    with torch's current thread count; nothing here is a datasheet peak."""
+    import torch
+
+    if not seconds > 0:
+        raise ValueError(f"seconds must be positive, got {seconds!r}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    flops = _matmul_flops(dev, seconds / 2)
+    bandwidth = _copy_bandwidth(dev, seconds / 2)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        return Hardware(f"this machine (cuda: {props.name})", flops, bandwidth,
+                        props.total_memory)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Hardware(f"this machine ({dev.type})", flops, bandwidth, ram)
