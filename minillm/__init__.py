@@ -20,8 +20,9 @@ Module map (one concept each):
     trace.py         StepRecord: what each step ran, for the widgets
     sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
     roofline.py      Hardware peaks, ridge points, the step cost model, measure_machine()
+    workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
     train/           the training script of the shipped tiny model (python -m minillm.train)
-    bench/           python -m minillm.bench engine | kernels | gpu: ratios measured side by side
+    bench/           python -m minillm.bench engine | serve | kernels | gpu: measured side by side
 """
 
 from minillm import models, roofline

@@ -29,5 +29,5 @@ def test_engine_benchmark_reports_ratios(capsys):
 
 
 def test_unbuilt_benchmarks_say_so(capsys):
-    assert main(["serve"]) == 2
+    assert main(["simulate"]) == 2
     assert "not built yet" in capsys.readouterr().err

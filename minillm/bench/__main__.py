@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from minillm.bench import engine, gpu, kernels
+from minillm.bench import engine, gpu, kernels, serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,12 +16,15 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_arguments(sub.add_parser("engine", help=engine.__doc__.splitlines()[0]))
     kernels.add_arguments(sub.add_parser("kernels", help=kernels.__doc__.splitlines()[0]))
     gpu.add_arguments(sub.add_parser("gpu", help=gpu.__doc__.splitlines()[0]))
-    for name in ("serve", "simulate"):
+    serve.add_arguments(sub.add_parser("serve", help=serve.__doc__.splitlines()[0]))
+    for name in ("simulate",):
         sub.add_parser(name, help="not built yet")
     args = parser.parse_args(argv)
     if args.command == "engine":
         engine.main(args)
         return 0
+    if args.command == "serve":
+        return serve.main(args)
     if args.command in ("kernels", "gpu"):
         if not torch.cuda.is_available():
             print(f"`python -m minillm.bench {args.command}` needs CUDA: it measures "

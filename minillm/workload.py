@@ -1,0 +1,299 @@
+"""Synthetic serving workloads: when requests arrive and how long their prompts and outputs are.
+
+A Workload is a list of RequestSpec plus how it is driven:
+
+- open loop (concurrency None): request i arrives at its arrival_time whatever the server is
+  doing, as production traffic does; a slow server builds a queue and latency grows without
+  bound past saturation.
+- closed loop (concurrency C): C clients each send a request, wait for its last token, and send
+  the next one at once; the server never has more than C requests, so latency stays bounded and
+  the offered load falls as the server slows down.
+
+A length argument is an int (fixed), a (lo, hi) tuple (uniform integers, inclusive) or a
+distribution object from this module (Uniform, LogNormal, Choice, Mixture). Everything is
+seeded: the same arguments give the same workload.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class LengthDistribution(Protocol):
+    """Anything that draws a length in tokens from a random.Random."""
+
+    def sample(self, rng: random.Random) -> int: ...
+
+
+Length = int | tuple[int, int] | LengthDistribution
+
+
+def _check_int(value: object, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Always n tokens."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _check_int(self.n, "Fixed length n")
+
+    def sample(self, rng: random.Random) -> int:
+        return self.n
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Uniform integers in [lo, hi], both inclusive; median (lo + hi) / 2."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        _check_int(self.lo, "Uniform lo")
+        if _check_int(self.hi, "Uniform hi") < self.lo:
+            raise ValueError(f"Uniform needs lo <= hi, got lo={self.lo!r}, hi={self.hi!r}")
+
+    def sample(self, rng: random.Random) -> int:
+        return rng.randint(self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Lengths whose log is normal: median tokens, sigma the spread of the log (0.5 ~ x1.65).
+
+    Real prompt and output lengths are right-skewed like this. Draws are rounded and clipped to
+    [lo, hi] (hi None: no upper bound); clipping keeps the median when lo <= median <= hi.
+    """
+
+    median: float
+    sigma: float
+    lo: int = 1
+    hi: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.median, (int, float)) and math.isfinite(self.median)
+                and self.median > 0):
+            raise ValueError(f"LogNormal median must be a positive number, got {self.median!r}")
+        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma)
+                and self.sigma >= 0):
+            raise ValueError(f"LogNormal sigma must be a number >= 0, got {self.sigma!r}")
+        _check_int(self.lo, "LogNormal lo")
+        if self.hi is not None and _check_int(self.hi, "LogNormal hi") < self.lo:
+            raise ValueError(f"LogNormal needs lo <= hi, got lo={self.lo!r}, hi={self.hi!r}")
+
+    def sample(self, rng: random.Random) -> int:
+        n = round(rng.lognormvariate(math.log(self.median), self.sigma))
+        return max(self.lo, n if self.hi is None else min(n, self.hi))
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """Pick a component with probability proportional to its weight, then draw from it.
+
+    components: (weight, length) pairs; a length is anything a length argument may be, e.g.
+    Mixture([(0.9, Uniform(8, 32)), (0.1, Uniform(192, 256))]) for 90% short, 10% long answers.
+    """
+
+    components: tuple[tuple[float, Length], ...]
+
+    def __init__(self, components: Sequence[tuple[float, Length]]):
+        pairs = tuple((w, as_distribution(d, "a Mixture component")) for w, d in components)
+        if not pairs:
+            raise ValueError("Mixture needs at least one (weight, length) component")
+        for w, _ in pairs:
+            if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
+                raise ValueError(f"Mixture weights must be positive numbers, got {w!r}")
+        object.__setattr__(self, "components", pairs)
+
+    def sample(self, rng: random.Random) -> int:
+        weights = [w for w, _ in self.components]
+        _, dist = rng.choices(self.components, weights=weights)[0]
+        return dist.sample(rng)
+
+
+class Choice(Mixture):
+    """One of a few fixed lengths: Choice([16, 256], weights=[0.9, 0.1]); equal weights by
+    default."""
+
+    def __init__(self, values: Sequence[int], weights: Sequence[float] | None = None):
+        weights = [1.0] * len(values) if weights is None else list(weights)
+        if len(weights) != len(values):
+            raise ValueError(f"Choice got {len(values)} values but {len(weights)} weights")
+        super().__init__(list(zip(weights, values)))
+
+
+def as_distribution(length: Length, name: str) -> LengthDistribution:
+    """A length argument as a distribution; raises ValueError naming a bad one."""
+    if isinstance(length, LengthDistribution) and not isinstance(length, type):
+        return length
+    if isinstance(length, int) and not isinstance(length, bool):
+        if length < 1:
+            raise ValueError(f"{name} must be >= 1 token, got {length!r}")
+        return Fixed(length)
+    if isinstance(length, tuple) and len(length) == 2:
+        try:
+            return Uniform(*length)
+        except ValueError as e:
+            raise ValueError(f"{name} range {length!r}: {e}") from None
+    raise ValueError(f"{name} must be an int, a (lo, hi) tuple or a distribution with "
+                     f".sample(rng), got {length!r}")
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One synthetic request.
+
+    arrival_time: seconds from the start of the run (0.0 in a closed loop, where a request is
+    sent when a client is free). prompt_len, output_len: tokens. Requests with the same
+    prefix_id share their first prefix_len prompt tokens (a common system prompt). seed
+    determines the rest of the prompt.
+    """
+
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    prefix_id: int | None = None
+    prefix_len: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        t = self.arrival_time
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise ValueError(f"arrival_time must be a finite number >= 0 seconds, got {t!r}")
+        _check_int(self.prompt_len, "prompt_len")
+        _check_int(self.output_len, "output_len")
+        _check_int(self.prefix_len, "prefix_len", minimum=0)
+        if self.prefix_len > self.prompt_len:
+            raise ValueError(f"prefix_len={self.prefix_len} exceeds prompt_len={self.prompt_len}")
+        if self.prefix_id is None and self.prefix_len:
+            raise ValueError(f"prefix_len={self.prefix_len} needs a prefix_id")
+        if self.prefix_id is not None:
+            _check_int(self.prefix_id, "prefix_id", minimum=0)
+
+    def token_ids(self, vocab_size: int) -> list[int]:
+        """prompt_len token ids in [1, vocab_size): id 0 is eos in the shipped model.
+
+        The prefix depends only on (prefix_id, prefix_len), so specs with the same prefix_id
+        share it token for token; the suffix depends only on seed.
+        """
+        _check_int(vocab_size, "vocab_size", minimum=2)
+        prefix: list[int] = []
+        if self.prefix_id is not None:
+            rng = random.Random(f"minillm-prefix-{self.prefix_id}")
+            prefix = [rng.randrange(1, vocab_size) for _ in range(self.prefix_len)]
+        rng = random.Random(self.seed)
+        return prefix + [rng.randrange(1, vocab_size)
+                         for _ in range(self.prompt_len - self.prefix_len)]
+
+
+class Workload(list[RequestSpec]):
+    """Request specs in issue order, and how to drive them.
+
+    concurrency: None for an open loop (each request arrives at its arrival_time); an int C for
+    a closed loop (at most C in flight, the next sent the moment one finishes).
+    rate: the mean arrival rate the workload was drawn at (requests/s), when there is one.
+    """
+
+    def __init__(self, specs: Sequence[RequestSpec] = (), concurrency: int | None = None,
+                 rate: float | None = None):
+        super().__init__(specs)
+        for spec in self:
+            if not isinstance(spec, RequestSpec):
+                raise ValueError(f"a Workload holds RequestSpec items, got {spec!r:.80}")
+        if concurrency is not None:
+            _check_int(concurrency, "concurrency")
+        self.concurrency = concurrency
+        self.rate = rate
+
+    @property
+    def is_closed_loop(self) -> bool:
+        return self.concurrency is not None
+
+    def __getitem__(self, index: int | slice) -> RequestSpec | Workload:  # type: ignore[override]
+        """A slice is a Workload driven the same way; an int index is one RequestSpec."""
+        if isinstance(index, slice):
+            return Workload(super().__getitem__(index), self.concurrency, self.rate)
+        return super().__getitem__(index)
+
+    def __repr__(self) -> str:
+        loop = (f"closed loop, concurrency {self.concurrency}" if self.is_closed_loop
+                else f"open loop, {self.rate:g} req/s" if self.rate is not None else "open loop")
+        return (f"Workload({len(self)} requests, {loop}, "
+                f"{sum(s.prompt_len for s in self)} prompt + "
+                f"{sum(s.output_len for s in self)} output tokens)")
+
+
+def _check_rate(rate: object) -> float:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise ValueError(f"rate must be a positive number of requests/s (or inf), got {rate!r}")
+    return float(rate)
+
+
+def _arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
+    """A Poisson process: the first request at 0 s, then exponential gaps of mean 1/rate s."""
+    times, t = [], 0.0
+    for i in range(n):
+        if i > 0 and rate != math.inf:
+            t += rng.expovariate(rate)
+        times.append(t)
+    return times
+
+
+def poisson(num_requests: int, rate: float, prompt_len: Length, output_len: Length,
+            seed: int = 0) -> Workload:
+    """Open loop: num_requests arriving as a Poisson process of rate requests/s (inf: all at 0)."""
+    _check_int(num_requests, "num_requests")
+    rate = _check_rate(rate)
+    prompt, output = as_distribution(prompt_len, "prompt_len"), as_distribution(
+        output_len, "output_len")
+    rng = random.Random(seed)
+    specs = [RequestSpec(t, prompt.sample(rng), output.sample(rng), seed=rng.getrandbits(63))
+             for t in _arrivals(rng, num_requests, rate)]
+    return Workload(specs, rate=rate)
+
+
+def closed_loop(num_requests: int, concurrency: int, prompt_len: Length, output_len: Length,
+                seed: int = 0) -> Workload:
+    """Closed loop: concurrency clients send num_requests in all, each waiting for its last."""
+    _check_int(num_requests, "num_requests")
+    _check_int(concurrency, "concurrency")
+    prompt, output = as_distribution(prompt_len, "prompt_len"), as_distribution(
+        output_len, "output_len")
+    rng = random.Random(seed)
+    specs = [RequestSpec(0.0, prompt.sample(rng), output.sample(rng), seed=rng.getrandbits(63))
+             for _ in range(num_requests)]
+    return Workload(specs, concurrency=concurrency)
+
+
+def shared_prefix(num_requests: int, rate: float, prefix_len: int, num_prefixes: int,
+                  suffix_len: Length, output_len: Length, seed: int = 0) -> Workload:
+    """Open loop where every prompt starts with one of num_prefixes system prompts.
+
+    Each prompt is prefix_len tokens of a prefix picked uniformly at random, then suffix_len
+    tokens of its own: the workload that prefix caching speeds up.
+    """
+    _check_int(num_requests, "num_requests")
+    rate = _check_rate(rate)
+    _check_int(prefix_len, "prefix_len")
+    _check_int(num_prefixes, "num_prefixes")
+    suffix, output = as_distribution(suffix_len, "suffix_len"), as_distribution(
+        output_len, "output_len")
+    rng = random.Random(seed)
+    specs = []
+    for t in _arrivals(rng, num_requests, rate):
+        prefix_id = rng.randrange(num_prefixes)
+        specs.append(RequestSpec(t, prefix_len + suffix.sample(rng), output.sample(rng),
+                                 prefix_id=prefix_id, prefix_len=prefix_len,
+                                 seed=rng.getrandbits(63)))
+    return Workload(specs, rate=rate)
