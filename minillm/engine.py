@@ -163,7 +163,8 @@ class Engine:
         for s, token, logprobs in zip(batch.sampled, sampled.token_ids, sampled.logprobs):
             self._append_token(s.request, token, logprobs, now)
             outputs.append(RequestOutput.of(s.request))
-        self._record(out, start, now, tables)
+        finished = [o.request_id for o in outputs if o.finished]
+        self._record(out, start, now, tables, finished)
         return outputs
 
     def _forward(self, batch: Batch) -> torch.Tensor:
@@ -213,13 +214,14 @@ class Engine:
         return False
 
     def _record(self, out: SchedulerOutput, start: float, end: float,
-                tables: dict[str, list[int]]) -> None:
+                tables: dict[str, list[int]], finished: list[str]) -> None:
         entries = [ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
                                   s.num_computed_tokens) for s in out.scheduled]
         self.trace.append(StepRecord(
             step=len(self.trace), start=start, end=end, scheduled=entries,
             num_free_blocks=self.block_manager.num_free_blocks, block_tables=tables,
-            preempted=[r.request_id for r in out.preempted]))
+            preempted=[r.request_id for r in out.preempted], finished=finished,
+            cached_blocks=self.block_manager.cached_free_blocks()))
 
     def stats(self) -> dict[str, int]:
         bm = self.block_manager

@@ -79,6 +79,12 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_blocks)
 
+    def cached_free_blocks(self) -> list[int]:
+        """Free blocks that still hold a registered prefix: reusable until evicted."""
+        if not self.enable_prefix_caching:
+            return []
+        return [b for b in self.free_blocks if self.blocks[b].hash is not None]
+
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -20,8 +20,11 @@ class ScheduledEntry:
 class StepRecord:
     """One engine step. start and end are seconds on the engine's clock.
 
-    block_tables maps each scheduled request to its physical KV blocks during the step;
-    num_free_blocks counts the pool's free blocks after the step (finished requests returned).
+    block_tables maps each scheduled request to its physical KV blocks during the step (a block
+    listed under two requests is shared); num_free_blocks counts the pool's free blocks after
+    the step (finished requests returned); cached_blocks lists the free blocks that still hold
+    a cached prefix (reusable until evicted); preempted and finished name the requests that
+    were preempted by, or finished in, this step.
     """
 
     step: int
@@ -31,6 +34,8 @@ class StepRecord:
     num_free_blocks: int
     block_tables: dict[str, list[int]]
     preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    cached_blocks: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -220,3 +220,13 @@ def test_random_weights_from_a_config():
     assert len(out.token_ids) == 5 and out.text == ""
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("hello", use_tqdm=False)
+
+
+def test_trace_names_finished_requests_and_cached_blocks():
+    llm = LLM(num_kv_blocks=64, enable_prefix_caching=True)
+    prompt = "Duke.\nWhat, is Antonio here?\n\nAnt.\nReady, so please your grace.\n"
+    llm.generate([prompt], GREEDY, use_tqdm=False)
+    last = llm.trace[-1]
+    assert last.finished == ["0"]
+    assert last.cached_blocks and set(last.cached_blocks) <= set(last.block_tables["0"])
+    assert sorted(r for step in llm.trace for r in step.finished) == ["0"]
