@@ -21,8 +21,10 @@ Module map (one concept each):
     sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
     roofline.py      Hardware peaks, ridge points, the step cost model, measure_machine()
     workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
+    simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
+    calibration.py   fit the simulator's step overheads to this machine and report its error
     train/           the training script of the shipped tiny model (python -m minillm.train)
-    bench/           python -m minillm.bench engine | serve | kernels | gpu: measured side by side
+    bench/           python -m minillm.bench engine|serve|simulate|kernels|gpu: side-by-side
 """
 
 from minillm import models, roofline
@@ -32,6 +34,7 @@ from minillm.metrics import RequestMetrics, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import RequestOutput
 from minillm.sampling import SamplingParams
+from minillm.simulator import simulate
 from minillm.sizing import cost_per_million_tokens, kv_cache_bytes, max_concurrency
 from minillm.trace import ScheduledEntry, StepRecord
 
@@ -50,5 +53,6 @@ __all__ = [
     "max_concurrency",
     "models",
     "roofline",
+    "simulate",
     "summarize",
 ]

@@ -1,4 +1,4 @@
-"""python -m minillm.bench engine | kernels | gpu: figures measured side by side in one run."""
+"""python -m minillm.bench engine | serve | simulate | kernels | gpu: side-by-side figures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from minillm.bench import engine, gpu, kernels, serve
+from minillm.bench import engine, gpu, kernels, serve, simulate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,14 +17,16 @@ def main(argv: list[str] | None = None) -> int:
     kernels.add_arguments(sub.add_parser("kernels", help=kernels.__doc__.splitlines()[0]))
     gpu.add_arguments(sub.add_parser("gpu", help=gpu.__doc__.splitlines()[0]))
     serve.add_arguments(sub.add_parser("serve", help=serve.__doc__.splitlines()[0]))
-    for name in ("simulate",):
-        sub.add_parser(name, help="not built yet")
+    simulate.add_arguments(sub.add_parser("simulate", help=simulate.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     if args.command == "engine":
         engine.main(args)
         return 0
     if args.command == "serve":
         return serve.main(args)
+    if args.command == "simulate":
+        simulate.main(args)
+        return 0
     if args.command in ("kernels", "gpu"):
         if not torch.cuda.is_available():
             print(f"`python -m minillm.bench {args.command}` needs CUDA: it measures "

@@ -1,0 +1,289 @@
+"""The simulator: the engine's own Scheduler and BlockManager on a virtual clock, with no model.
+
+Each step does what Engine.step does around the model (schedule, advance num_computed_tokens,
+register full blocks in the prefix cache, "sample" a token for every request whose known tokens
+are all computed, stop at max_tokens, record metrics and a StepRecord), but instead of running
+a forward pass it moves the clock on by roofline.step_time of the step's batch, as Vidur
+(MLSys '24) does with profiled kernels. The scheduling decisions are therefore exactly the
+engine's, and an H100-scale deployment of Llama-3-8B runs on a laptop CPU in seconds.
+
+Sampled tokens are fake but deterministic: a function of the request's tokens so far, like a
+model, so the prefix cache and recompute after preemption behave as in the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minillm import models, roofline, sizing
+from minillm.config import EngineConfig
+from minillm.kv_cache import BlockManager, kv_cache_block_bytes
+from minillm.metrics import Summary, summarize
+from minillm.model_config import ModelConfig
+from minillm.request import Request, RequestOutput
+from minillm.sampling import SamplingParams
+from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.trace import ScheduledEntry, StepRecord
+from minillm.workload import RequestSpec, Workload
+
+
+@dataclass
+class SimulationResult:
+    """What simulate returns: the same outputs, trace and stats an LLM run gives.
+
+    outputs: one RequestOutput per request, in workload order (metrics on the virtual clock, in
+    seconds from the start of the run; token_ids fake). prompt_token_ids are the workload's
+    (RequestSpec.token_ids) with prefix caching on; with it off no decision reads token values,
+    so they are placeholders of the right length, which spares drawing millions.
+    stats: LLM.stats()'s counters. wall_time: seconds the simulation took on this machine.
+    """
+
+    outputs: list[RequestOutput]
+    trace: list[StepRecord]
+    stats: dict[str, int]
+    config: EngineConfig
+    model: ModelConfig
+    hardware: roofline.Hardware
+    wall_time: float
+
+    def summary(self, slo: dict[str, float] | None = None) -> Summary:
+        """minillm.metrics.summarize over every request; slo as in meets_slo (seconds)."""
+        return summarize((o.metrics for o in self.outputs), slo)
+
+
+def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
+             workload: Workload | Sequence[RequestSpec], *,
+             dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
+             gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
+             **engine_kwargs: Any) -> SimulationResult:
+    """Serve workload with the real scheduler on hw, timing each step with the roofline model.
+
+    model: a name (minillm.models) or a ModelConfig; hw: a name or a roofline.Hardware.
+    workload: open loop (arrival times honoured; a plain list of RequestSpec is one) or closed
+    loop (workload.concurrency requests in flight, the next sent as one finishes).
+    dtype_bytes: bytes per weight and KV element. overhead: seconds added to every step (launch
+    and framework time); overhead_per_token: seconds per new token of a step (both as in
+    roofline.step_time; minillm.calibration fits them on this CPU).
+    engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
+    pool is what gpu_memory_utilization of hw.memory leaves after the weights.
+    record_block_tables=False leaves StepRecord.block_tables and cached_blocks empty, which saves
+    time and memory on runs of thousands of requests.
+    """
+    mc = models.as_config(model)
+    hardware = roofline.get_hardware(hw)
+    config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs)
+    sim = Simulator(mc, hardware, config, dtype_bytes, (overhead, overhead_per_token),
+                    record_block_tables)
+    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
+    gc.disable()  # millions of small objects and no cycles: collections would only rescan them
+    try:
+        outputs = [RequestOutput.of(r) for r in sim.run(workload)]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return SimulationResult(outputs, sim.trace, sim.stats(), config, mc, hardware,
+                            wall_time=time.perf_counter() - start)
+
+
+def resolve_config(model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
+                   gpu_memory_utilization: float, engine_kwargs: dict[str, Any]) -> EngineConfig:
+    """EngineConfig with max_model_len (default: the model's context) and num_kv_blocks set."""
+    config = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
+    max_len = config.max_model_len or model.max_position_embeddings
+    blocks = config.num_kv_blocks or num_kv_blocks_for_memory(
+        model, hw, config.block_size, dtype_bytes, gpu_memory_utilization)
+    return dataclasses.replace(config, max_model_len=max_len, num_kv_blocks=blocks)
+
+
+def num_kv_blocks_for_memory(model: ModelConfig, hw: roofline.Hardware, block_size: int,
+                             dtype_bytes: int, gpu_memory_utilization: float) -> int:
+    """KV blocks in gpu_memory_utilization * hw.memory bytes less the weights (vLLM's rule)."""
+    weights = sizing.weight_bytes(model, dtype_bytes)
+    budget = hw.memory * gpu_memory_utilization - weights
+    block = kv_cache_block_bytes(model.num_hidden_layers, block_size, model.num_key_value_heads,
+                                 model.head_dim, dtype_bytes)
+    if budget < block:
+        raise ValueError(
+            f"the weights ({weights / 1e9:.1f} GB at {dtype_bytes} bytes) leave no room for KV "
+            f"blocks in gpu_memory_utilization={gpu_memory_utilization} of {hw.name}'s "
+            f"{hw.memory / 1e9:.1f} GB; pick a bigger GPU, a smaller dtype or a smaller model")
+    return int(budget // block)
+
+
+class Simulator:
+    """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
+
+    def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
+                 dtype_bytes: int = 2, overheads: tuple[float, float] = (0.0, 0.0),
+                 record_block_tables: bool = True):
+        assert config.num_kv_blocks is not None and config.max_model_len is not None
+        self.model, self.hw, self.config = model, hw, config
+        self.dtype_bytes = dtype_bytes
+        self.overhead, self.overhead_per_token = overheads  # seconds per step, per new token
+        self.record_block_tables = record_block_tables
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.clock = 0.0  # seconds since the start of the run
+        self.trace: list[StepRecord] = []
+
+    def run(self, workload: Workload | Sequence[RequestSpec]) -> list[Request]:
+        """Serve every request to completion; the Requests come back in workload order."""
+        for index, spec in enumerate(workload):
+            self.check_fits(index, spec)
+        concurrency = getattr(workload, "concurrency", None)  # a plain list is an open loop
+        if concurrency is None:
+            requests = self._run_open_loop(workload)
+        else:
+            requests = self._run_closed_loop(workload, concurrency)
+        bm = self.block_manager
+        if not all(r.is_finished for r in requests) or bm.num_free_blocks != bm.num_blocks:
+            raise RuntimeError(f"a request or a KV block was lost: {self.stats()}")
+        return requests
+
+    def _run_open_loop(self, workload: Sequence[RequestSpec]) -> list[Request]:
+        """Requests join the queue at the first step boundary at or after their arrival."""
+        order = sorted(range(len(workload)), key=lambda i: (workload[i].arrival_time, i))
+        requests: list[Request | None] = [None] * len(workload)
+        sched, nxt = self.scheduler, 0
+        while nxt < len(order) or sched.has_unfinished_requests():
+            while nxt < len(order) and workload[order[nxt]].arrival_time <= self.clock:
+                i = order[nxt]
+                requests[i] = self.add_request(i, workload[i], workload[i].arrival_time)
+                nxt += 1
+            if sched.has_unfinished_requests():
+                self.step()
+            else:  # idle: jump to the next arrival
+                self.clock = max(self.clock, workload[order[nxt]].arrival_time)
+        return requests  # type: ignore[return-value]
+
+    def _run_closed_loop(self, workload: Sequence[RequestSpec], concurrency: int
+                         ) -> list[Request]:
+        """concurrency clients: the first requests at 0 s, the next one when one finishes."""
+        requests = [self.add_request(i, spec, 0.0)
+                    for i, spec in enumerate(workload[:concurrency])]
+        while self.scheduler.has_unfinished_requests():
+            for _ in self.step():
+                if len(requests) < len(workload):
+                    i = len(requests)
+                    requests.append(self.add_request(i, workload[i], self.clock))
+        return requests
+
+    def check_fits(self, index: int, spec: RequestSpec) -> None:
+        """What Engine._check_fits rejects, rejected up front, naming the request."""
+        c, n, out = self.config, spec.prompt_len, spec.output_len
+        assert c.max_model_len is not None and c.num_kv_blocks is not None
+        where = f"request {index} of the workload"
+        if n + out > c.max_model_len:
+            raise ValueError(f"{where}: prompt_len={n} plus output_len={out} exceeds "
+                             f"max_model_len={c.max_model_len}; raise max_model_len")
+        if not c.enable_chunked_prefill and n > c.max_num_batched_tokens:
+            raise ValueError(f"{where}: prompt_len={n} exceeds max_num_batched_tokens="
+                             f"{c.max_num_batched_tokens} and chunked prefill is off")
+        needed = self.block_manager.num_blocks_for(n + out)
+        if needed > c.num_kv_blocks:
+            raise ValueError(f"{where} needs {needed} KV blocks but the pool has "
+                             f"num_kv_blocks={c.num_kv_blocks}; enlarge the pool")
+
+    def add_request(self, index: int, spec: RequestSpec, arrival_time: float) -> Request:
+        """Queue the spec as request str(index), which is the id LLM.generate would give it."""
+        params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
+        # Only the prefix cache reads token values; without it, skip drawing them (placeholders).
+        prompt = (spec.token_ids(self.model.vocab_size) if self.config.enable_prefix_caching
+                  else [1] * spec.prompt_len)
+        req = Request(str(index), prompt, params, arrival_time)
+        self.scheduler.add_request(req)
+        return req
+
+    def step(self) -> list[Request]:
+        """One engine step on the virtual clock; returns the requests that finished in it."""
+        start, out = self.clock, self.scheduler.schedule()
+        scheduled = out.scheduled
+        if not scheduled:  # a step that only preempted, as Engine.step allows
+            if self.scheduler.has_unfinished_requests() and not out.preempted:
+                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+            return []
+        tables = ({s.request.request_id: list(s.request.block_table) for s in scheduled}
+                  if self.record_block_tables else {})
+        batch = [(s.num_tokens, s.num_computed_tokens + s.num_tokens) for s in scheduled]
+        cost = roofline.step_time(self.model, self.hw, batch, self.dtype_bytes, self.overhead,
+                                  self.overhead_per_token)
+        end = self.clock = start + cost.time
+        bm = self.block_manager
+        for s in scheduled:
+            req = s.request
+            req.num_computed_tokens += s.num_tokens
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = start
+            bm.cache_full_blocks(req)
+        finished = []
+        for s in scheduled:  # all known tokens computed: the last one's "logits" give the next
+            if s.request.num_computed_tokens == len(s.request.token_ids) and \
+                    self._append_token(s.request, end):
+                finished.append(s.request)
+        self._record(out, start, end, tables, finished)
+        return finished
+
+    def _record(self, out: SchedulerOutput, start: float, end: float,
+                tables: dict[str, list[int]], finished: list[Request]) -> None:
+        """The step's StepRecord, as Engine._record writes it (block data only if recorded)."""
+        bm = self.block_manager
+        self.trace.append(StepRecord(
+            step=len(self.trace), start=start, end=end,
+            scheduled=[ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
+                                      s.num_computed_tokens) for s in out.scheduled],
+            num_free_blocks=bm.num_free_blocks, block_tables=tables,
+            preempted=[r.request_id for r in out.preempted],
+            finished=[r.request_id for r in finished],
+            cached_blocks=bm.cached_free_blocks() if self.record_block_tables else []))
+
+    def _append_token(self, req: Request, now: float) -> bool:
+        """Append a fake token produced at now; True if req is done (finished and freed)."""
+        tokens = req.token_ids
+        tokens.append((tokens[-1] * 31 + len(tokens)) % self.model.vocab_size)
+        m = req.metrics
+        m.token_times.append(now)
+        if m.first_token_time is None:
+            m.first_token_time = now
+        if len(tokens) - len(req.prompt_token_ids) < req.params.max_tokens:
+            return False
+        req.finish_reason, m.finished_time = "length", now
+        self.scheduler.finish(req)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        """The same counters as LLM.stats()."""
+        bm, sched = self.block_manager, self.scheduler
+        return {
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_preemptions": sched.num_preemptions,
+            "prefix_cache_queries": bm.prefix_cache_queries,
+            "prefix_cache_hits": bm.prefix_cache_hits,
+            "num_waiting": len(sched.waiting),
+            "num_running": len(sched.running),
+        }
+
+
+def goodput_curve(model: str | ModelConfig, hw: str | roofline.Hardware, rates: Sequence[float],
+                  slo: dict[str, float], make_workload: Callable[[float], Workload],
+                  **kwargs: Any
+                  ) -> list[tuple[float, Summary]]:
+    """(rate, summary under slo) for each rate in requests/s; make_workload(rate) -> Workload.
+
+    kwargs go to simulate. Goodput (requests/s that meet the SLO) rises with the offered rate
+    until queueing breaks the TTFT bound, then collapses: the knee is the rate where it peaks.
+    """
+    kwargs.setdefault("record_block_tables", False)
+    return [(rate, simulate(model, hw, make_workload(rate), **kwargs).summary(slo))
+            for rate in rates]
+
+
+def knee(curve: Sequence[tuple[float, Summary]]) -> float:
+    """The rate of a goodput_curve with the highest goodput (requests/s)."""
+    return max(curve, key=lambda point: point[1].goodput or 0.0)[0]
