@@ -1,0 +1,260 @@
+"""The views in a real browser: headless Chromium (Debian's package) driven by playwright.
+
+Each view's static HTML (what the site, GitHub and nbval show) must load with no console
+errors and no request leaving the machine, hold an <svg>, and paint something. The
+interactive layer (widgets/static/view.js, anywidget's ESM) is loaded as a module and driven
+through a stand-in for anywidget's model whose save_changes calls the real Python ViewWidget,
+so a moved control re-renders the picture end to end. ipywidgets' embed manager
+(embed_minimal_html) is not tested: it loads @jupyter-widgets/html-manager and require.js from
+a CDN, so it cannot work offline. Screenshots go to a temp dir and, one per view, to
+/tmp/widget-shots/. Skips where playwright or chromium is missing (pip install playwright;
+apt-get install chromium: never `playwright install`, which downloads a browser).
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import shutil
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("anywidget", reason="the widgets need the [book] extra (anywidget)")
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason="needs playwright (pip install playwright)")
+Image = pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
+
+from widgets.base import STATIC, View  # noqa: E402
+
+SHOTS = Path("/tmp/widget-shots")
+LOOPBACK = {"127.0.0.1", "localhost", "[::1]", "::1"}
+
+
+def find_chromium() -> str | None:
+    """Debian's chromium binary. The /usr/bin/chromium wrapper adds the flags of
+    /etc/chromium.d (e.g. --enable-gpu-rasterization), under which headless screenshots can
+    hang in a container, so the real binary behind it comes first."""
+    real = Path("/usr/lib/chromium/chromium")
+    if real.is_file():
+        return str(real)
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+CHROMIUM = find_chromium()
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH (Debian: apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """One headless Chromium for the module."""
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--disable-gpu"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A folder served on 127.0.0.1 (module scripts do not load from file://): (dir, url)."""
+    root = tmp_path_factory.mktemp("site")
+    for name in ("view.js", "view.css"):
+        shutil.copy(STATIC / name, root / name)
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    """A static file server that does not log each request to stderr."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def trace() -> list:
+    """A real engine run on the shipped model: a shared prompt prefix (prefix caching) and a
+    pool of 12 blocks, small enough that requests are preempted."""
+    from minillm import LLM, SamplingParams
+
+    llm = LLM(num_kv_blocks=12, block_size=16, enable_prefix_caching=True,
+              max_num_batched_tokens=64, device="cpu")
+    system = "Once upon a time there was a little house by the sea. " * 3
+    llm.generate([system + p for p in ("The king", "A cat", "The old man", "She said")],
+                 SamplingParams(max_tokens=24))
+    assert llm.stats()["num_preemptions"] > 0 and llm.stats()["prefix_cache_hits"] > 0
+    return llm.trace
+
+
+@pytest.fixture
+def views(request: pytest.FixtureRequest) -> dict[str, object]:
+    """Makers of every view, by name (the engine runs only for the trace views)."""
+    from widgets import BatchTimeline, BlockTableView, KVCalculator, RooflineExplorer
+
+    def steps() -> list:
+        return request.getfixturevalue("trace")
+
+    return {"block_table": lambda: BlockTableView(steps(), step=len(steps()) // 2,
+                                                  num_blocks=12),
+            "batch_timeline": lambda: BatchTimeline(steps(), budget=64),
+            "roofline": RooflineExplorer, "kv_calculator": lambda: KVCalculator(batch=16)}
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[tuple[object, list[str], list[str]]]:
+    """A page that aborts every request not to file:// or loopback: (page, errors, blocked)."""
+    context = browser.new_context(viewport={"width": 1000, "height": 800})
+    pg = context.new_page()
+    pg.set_default_timeout(15_000)
+    errors: list[str] = []
+    blocked: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+
+    def gate(route: object) -> None:
+        url = urllib.parse.urlsplit(route.request.url)
+        if url.scheme == "file" or url.hostname in LOOPBACK:
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    pg.route("**/*", gate)
+    yield pg, errors, blocked
+    context.close()
+
+
+def write_page(root: Path, name: str, body: str, head: str = "") -> str:
+    """An HTML page (no favicon request, white background) saved under root; its file name."""
+    doc = (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(name)}</title>'
+           f'<link rel="icon" href="data:,">{head}</head>'
+           f'<body style="margin:8px;background:#fff">{body}</body></html>')
+    (root / f"{name}.html").write_text(doc, encoding="utf-8")
+    return f"{name}.html"
+
+
+def check_painted(png: Path, name: str) -> None:
+    """The screenshot is not blank: enough non-white pixels, in more than one colour; a copy
+    goes to /tmp/widget-shots/ for a person to look at."""
+    image = Image.open(png).convert("RGB")
+    total = image.width * image.height
+    counts = {color: n for n, color in image.getcolors(maxcolors=total)}
+    painted = total - counts.get((255, 255, 255), 0)
+    assert painted > 0.02 * total, f"{name}: only {painted} of {total} pixels are not white"
+    assert len(counts) > 4, f"{name}: the picture has only {len(counts)} colours"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(png, SHOTS / f"{name}.png")
+
+
+@pytest.mark.parametrize("name", ["block_table", "batch_timeline", "roofline", "kv_calculator"])
+def test_static_html_renders_offline(name: str, views: dict[str, object], site: tuple[Path, str],
+                                     page: tuple, tmp_path: Path) -> None:
+    root, url = site
+    pg, errors, blocked = page
+    bundle = views[name]()._repr_mimebundle_()
+    pg.goto(f"{url}/{write_page(root, name, bundle['text/html'])}")
+    svg = pg.locator("svg").first
+    svg.wait_for()
+    box = svg.bounding_box()
+    assert box is not None and box["width"] > 100 and box["height"] > 50
+    svg.screenshot(path=str(tmp_path / f"{name}.png"))
+    check_painted(tmp_path / f"{name}.png", name)
+    assert errors == [] and blocked == []
+
+
+ESM_HOST = """
+<div id="app"></div>
+<script id="state" type="application/json">{state}</script>
+<script type="module">
+import widget from "./view.js";
+// A stand-in for anywidget's model: save_changes sends values to the Python ViewWidget
+// (exposed as window.pySync) and fires change events for what it sends back.
+const state = JSON.parse(document.getElementById("state").textContent);
+const listeners = {{}};
+const fire = (key) => (listeners["change:" + key] || []).forEach((f) => f());
+const model = {{
+  get: (key) => state[key],
+  set: (key, value) => {{ state[key] = value; }},
+  on: (event, f) => {{ (listeners[event] ??= []).push(f); }},
+  off: (event, f) => {{ listeners[event] = (listeners[event] || []).filter((g) => g !== f); }},
+  save_changes: async () => {{
+    const reply = await window.pySync(state.values);
+    for (const [key, value] of Object.entries(reply)) {{ state[key] = value; fire(key); }}
+    window.syncs = (window.syncs || 0) + 1;
+  }},
+}};
+widget.render({{ model, el: document.getElementById("app") }});
+window.ready = true;
+</script>
+"""
+
+
+def open_widget(pg: object, view: View, root: Path, url: str, name: str) -> object:
+    """Load view.js with the view's ViewWidget state; returns the ViewWidget."""
+    w = view.widget()
+    pg.expose_function("pySync", lambda values: _sync(w, values))
+    state = json.dumps({"svg": w.svg, "controls": w.controls, "values": w.values})
+    body = ESM_HOST.format(state=state.replace("</", "<\\/"))
+    pg.goto(f"{url}/{write_page(root, name, body, '<link rel=stylesheet href=view.css>')}")
+    pg.wait_for_function("window.ready === true")
+    return w
+
+
+def _sync(w: object, values: dict) -> dict:
+    """What the kernel does when the browser saves values: set them, return the new state."""
+    w.values = values
+    return {"controls": w.controls, "values": w.values, "svg": w.svg}
+
+
+def move_slider(pg: object, label: str, value: int) -> None:
+    """Set the range input inside the label that starts with `label`, as a user would."""
+    pg.locator("label", has_text=label).locator("input").evaluate(
+        "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }", value)
+
+
+@pytest.mark.parametrize("name", ["roofline", "kv_calculator"])
+def test_widget_esm_renders_and_round_trips(name: str, views: dict[str, object],
+                                            site: tuple[Path, str], page: tuple,
+                                            tmp_path: Path) -> None:
+    root, url = site
+    pg, errors, blocked = page
+    view = views[name]()
+    w = open_widget(pg, view, root, url, f"{name}-widget")
+    assert pg.locator("#app svg").count() == 1
+    assert pg.locator("#app select").count() == sum(c["kind"] == "select" for c in w.controls)
+    assert pg.locator("#app input[type=range]").count() == sum(
+        c["kind"] == "range" for c in w.controls)
+    before = pg.inner_html("#app .minillm-picture")
+    if name == "roofline":
+        move_slider(pg, "decode batch", 64)
+        pg.wait_for_function("window.syncs === 1")
+        assert view.batch == 64 and "decode, batch 64" in pg.text_content("#app svg")
+    else:
+        pg.locator("label", has_text="hardware").locator("select").select_option('"L4"')
+        pg.wait_for_function("window.syncs === 1")
+        assert view.hardware == "L4" and "on L4" in pg.text_content("#app svg")
+    assert pg.inner_html("#app .minillm-picture") != before
+    pg.locator("#app").screenshot(path=str(tmp_path / f"{name}-widget.png"))
+    check_painted(tmp_path / f"{name}-widget.png", f"{name}-widget")
+    assert errors == [] and blocked == []
+
+
+def test_blocking_is_in_force(site: tuple[Path, str], page: tuple) -> None:
+    """The gate really aborts a request that would leave the machine."""
+    root, url = site
+    pg, errors, blocked = page
+    body = '<img src="https://cdn.jsdelivr.net/npm/x.png"><svg width="10" height="10"></svg>'
+    pg.goto(f"{url}/{write_page(root, 'remote', body)}")
+    pg.wait_for_load_state("load")
+    assert blocked == ["https://cdn.jsdelivr.net/npm/x.png"]
