@@ -112,7 +112,7 @@ class BlockManager:
         """Whether req's block table can grow to hold num_tokens, reusing the prefix blocks."""
         needed = self.num_blocks_for(num_tokens) - len(req.block_table) - len(prefix)
         # A cached block that nobody holds sits in the free list: reusing it uses up a free slot.
-        idle = sum(1 for b in prefix if self.blocks[b].ref_count == 0)
+        idle = sum(1 for b in prefix if self.blocks[b].ref_count == 0) if prefix else 0
         return max(needed, 0) + idle <= len(self.free_blocks)
 
     def allocate(self, req: Request, num_tokens: int, match: PrefixMatch | None = None) -> bool:

@@ -85,6 +85,21 @@ class View:
         return f"{type(self).__name__}({state})"
 
 
+class TraceView(View):
+    """A view that replays an engine (or simulator) trace: step picks the StepRecord shown."""
+
+    trace: list
+
+    @property
+    def step(self) -> int:
+        """The index of the StepRecord shown (clamped to the trace)."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = min(max(int(value), 0), len(self.trace) - 1)
+
+
 class ViewWidget(anywidget.AnyWidget):
     """A View's picture above its controls; Python re-renders svg when values change."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from minillm.trace import StepRecord
 from widgets import svg as s
-from widgets.base import View, slider
+from widgets.base import TraceView, slider
 
 CELL = 26  # px per block in the grid (labelled with its id)
 SMALL_CELL = 12  # px per block once the pool has more than 128 blocks (no labels)
@@ -94,7 +94,7 @@ def snapshot(rec: StepRecord, num_blocks: int, block_size: int) -> PoolSnapshot:
                         rec.num_free_blocks, unplaced, tokens, slots)
 
 
-class BlockTableView(View):
+class BlockTableView(TraceView):
     """The physical KV blocks at trace[step] as a grid coloured by owner, with block tables.
 
     trace: StepRecords (llm.trace, or a simulator's). step: which record (default the last);
@@ -113,15 +113,6 @@ class BlockTableView(View):
         self.block_size = block_size or infer_block_size(self.trace)
         self.colors = request_colors(self.trace)
         self.step = len(self.trace) - 1 if step is None else step
-
-    @property
-    def step(self) -> int:
-        """The index of the StepRecord shown (clamped to the trace)."""
-        return self._step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self._step = min(max(int(value), 0), len(self.trace) - 1)
 
     def controls(self) -> list[dict]:
         return [slider("step", 0, len(self.trace) - 1, play=True)]

@@ -23,7 +23,7 @@ from typing import Literal
 
 from minillm.trace import StepRecord
 from widgets import svg as s
-from widgets.base import View, dropdown, slider
+from widgets.base import TraceView, dropdown, slider
 
 MAX_COLUMNS = 400
 MAX_ROWS = 60
@@ -54,7 +54,7 @@ def cell_state(rid: str, rec: StepRecord, phase: str | None) -> str | None:
     return phase
 
 
-class BatchTimeline(View):
+class BatchTimeline(TraceView):
     """Requests × steps of a trace, coloured by phase, with the per-step token use under it.
 
     trace: StepRecords (llm.trace or a simulator's); step: the step marked (default the last);
@@ -77,15 +77,6 @@ class BatchTimeline(View):
         self.num_rows = min(len(self.requests), MAX_ROWS)
         self.cells, self.spans = self._aggregate()
         self._add_arrivals(arrivals or {})
-
-    @property
-    def step(self) -> int:
-        """The index of the StepRecord marked (clamped to the trace)."""
-        return self._step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self._step = min(max(int(value), 0), len(self.trace) - 1)
 
     @property
     def x(self) -> str:
