@@ -21,6 +21,7 @@ Module map (one concept each):
     sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
     roofline.py      Hardware peaks, ridge points, the step cost model, measure_machine()
     workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
+    serving.py       replay a workload in real time; vLLM-style report, goodput under an SLO
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
     calibration.py   fit the simulator's step overheads to this machine and report its error
     train/           the training script of the shipped tiny model (python -m minillm.train)

@@ -13,13 +13,8 @@ import pytest
 
 from minillm import LLM, SamplingParams
 from minillm.bench.__main__ import main
-from minillm.bench.serve import (
-    ServingResult,
-    SweepResult,
-    parse_slo,
-    run_serving,
-    sweep,
-)
+from minillm.bench.serve import SweepResult, sweep
+from minillm.serving import ServingResult, parse_slo, run_serving
 from minillm.workload import RequestSpec, Workload, closed_loop, poisson
 
 VOCAB = 4096
