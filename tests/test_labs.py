@@ -1,0 +1,82 @@
+"""minillm.labs: every graded exercise passes with its reference solution and fails, with a
+reader-facing message and no traceback, with an unfilled stub or a common wrong answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from minillm.labs import EXERCISES, check
+from minillm.labs.__main__ import main
+from minillm.labs.solutions import SOLUTIONS
+
+
+def raises_not_implemented(*args: object, **kwargs: object) -> object:
+    raise NotImplementedError
+
+
+def returns_none(*args: object, **kwargs: object) -> object:
+    return None
+
+
+def per_exercise(ids: list[str]) -> list:
+    """One param per exercise id, marked with its chapter (pytest -m ch00 selects 00.x)."""
+    return [pytest.param(i, id=i, marks=getattr(pytest.mark, EXERCISES[i].chapter)) for i in ids]
+
+
+ALL = per_exercise(sorted(EXERCISES))
+
+
+def test_every_exercise_has_a_solution() -> None:
+    assert sorted(SOLUTIONS) == sorted(EXERCISES)
+
+
+@pytest.mark.parametrize("exercise_id", ALL)
+def test_reference_solution_passes(exercise_id: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check(exercise_id, SOLUTIONS[exercise_id]) is True
+    assert capsys.readouterr().out.startswith(f"PASS  {exercise_id}")
+
+
+@pytest.mark.parametrize("stub", [raises_not_implemented, returns_none, 42],
+                         ids=["raises", "none", "not-callable"])
+@pytest.mark.parametrize("exercise_id", ALL)
+def test_unfilled_stub_fails(exercise_id: str, stub: object,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert check(exercise_id, stub) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"FAIL  {exercise_id}") and "Traceback" not in out
+
+
+@pytest.mark.ch00
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda m: (m.token_times[-1] - m.token_times[0]) / len(m.token_times), "n - 1"),
+    (lambda m: m.e2e / len(m.token_times), "E2E"),
+    (lambda m: (m.token_times[-1] - m.token_times[0]) / max(len(m.token_times) - 1, 1),
+     "return None"),
+])
+def test_tpot_wrong_answers_are_named(wrong, hint: str, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    assert check("00.1", wrong) is False
+    assert hint in capsys.readouterr().out
+
+
+@pytest.mark.ch00
+def test_blocks_needed_rounding_down_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check("00.2", lambda n, p: n // p) is False
+    assert "round up" in capsys.readouterr().out
+
+
+def test_errors_in_the_answer_are_reported_not_raised(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    assert check("00.2", lambda n, p: n / 0) is False
+    out = capsys.readouterr().out
+    assert "ZeroDivisionError" in out and "line" in out and "Traceback" not in out
+
+
+def test_unknown_exercise_lists_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check("99.9", SOLUTIONS["00.1"]) is False
+    assert "00.1" in capsys.readouterr().out
+
+
+def test_lab_runner_rejects_a_bad_chapter(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["00"]) == 2
+    assert "usage" in capsys.readouterr().out
