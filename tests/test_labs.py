@@ -80,3 +80,21 @@ def test_unknown_exercise_lists_the_known_ones(capsys: pytest.CaptureFixture[str
 def test_lab_runner_rejects_a_bad_chapter(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["00"]) == 2
     assert "usage" in capsys.readouterr().out
+
+
+@pytest.mark.ch01
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda n, b, d: b / d, "2 FLOPs"),
+    (lambda n, b, d: 2 * b, "bytes moved"),
+    (lambda n, b, d: 2 / d, "shared by the whole batch"),
+])
+def test_decode_intensity_wrong_answers_are_named(wrong, hint: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert check("01.1", wrong) is False
+    assert hint in capsys.readouterr().out
+
+
+@pytest.mark.ch01
+def test_estimate_ttft_without_overhead_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check("01.2", lambda p, r, o: p / r) is False
+    assert "overhead" in capsys.readouterr().out
