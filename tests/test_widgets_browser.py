@@ -28,23 +28,11 @@ import pytest
 pytest.importorskip("anywidget", reason="the widgets need the [book] extra (anywidget)")
 sync_api = pytest.importorskip("playwright.sync_api",
                                reason="needs playwright (pip install playwright)")
-Image = pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
+pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
+
+from browser_support import LOOPBACK, check_painted, find_chromium  # noqa: E402
 
 from widgets.base import STATIC, View  # noqa: E402
-
-SHOTS = Path("/tmp/widget-shots")
-LOOPBACK = {"127.0.0.1", "localhost", "[::1]", "::1"}
-
-
-def find_chromium() -> str | None:
-    """Debian's chromium binary. The /usr/bin/chromium wrapper adds the flags of
-    /etc/chromium.d (e.g. --enable-gpu-rasterization), under which headless screenshots can
-    hang in a container, so the real binary behind it comes first."""
-    real = Path("/usr/lib/chromium/chromium")
-    if real.is_file():
-        return str(real)
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
 
 CHROMIUM = find_chromium()
 if CHROMIUM is None:
@@ -143,18 +131,6 @@ def write_page(root: Path, name: str, body: str, head: str = "") -> str:
     (root / f"{name}.html").write_text(doc, encoding="utf-8")
     return f"{name}.html"
 
-
-def check_painted(png: Path, name: str) -> None:
-    """The screenshot is not blank: enough non-white pixels, in more than one colour; a copy
-    goes to /tmp/widget-shots/ for a person to look at."""
-    image = Image.open(png).convert("RGB")
-    total = image.width * image.height
-    counts = {color: n for n, color in image.getcolors(maxcolors=total)}
-    painted = total - counts.get((255, 255, 255), 0)
-    assert painted > 0.02 * total, f"{name}: only {painted} of {total} pixels are not white"
-    assert len(counts) > 4, f"{name}: the picture has only {len(counts)} colours"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(png, SHOTS / f"{name}.png")
 
 
 @pytest.mark.parametrize("name", ["block_table", "batch_timeline", "roofline", "kv_calculator"])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,22 +36,14 @@ pytest.importorskip("jupyterlab", reason="needs JupyterLab (the [book] extra)")
 pytest.importorskip("ipykernel", reason="needs ipykernel to run the notebook")
 sync_api = pytest.importorskip("playwright.sync_api",
                                reason="needs playwright (pip install playwright)")
-Image = pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshot")
+pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshot")
 
 REPO = Path(__file__).resolve().parents[1]
-SHOTS = Path("/tmp/widget-shots")
-LOOPBACK = {"127.0.0.1", "localhost", "[::1]", "::1"}
 NOTEBOOK = "widgets.ipynb"
 
 
-def find_chromium() -> str | None:
-    """Debian's real chromium binary first (the /usr/bin/chromium wrapper adds flags under
-    which headless screenshots can hang in a container), then whatever is on PATH."""
-    real = Path("/usr/lib/chromium/chromium")
-    if real.is_file():
-        return str(real)
-    return shutil.which("chromium") or shutil.which("chromium-browser")
 
+from browser_support import LOOPBACK, check_painted, find_chromium  # noqa: E402
 
 CHROMIUM = find_chromium()
 if CHROMIUM is None:
@@ -166,18 +157,6 @@ def lab(tmp_path: Path) -> Iterator[str]:
         stop(proc)
         log.close()
 
-
-def check_painted(png: Path, name: str) -> None:
-    """The screenshot is not blank: enough non-white pixels, in more than a few colours; a copy
-    goes to /tmp/widget-shots/ for a person to look at."""
-    image = Image.open(png).convert("RGB")
-    total = image.width * image.height
-    counts = {color: n for n, color in image.getcolors(maxcolors=total)}
-    painted = total - counts.get((255, 255, 255), 0)
-    assert painted > 0.02 * total, f"{name}: only {painted} of {total} pixels are not white"
-    assert len(counts) > 4, f"{name}: the picture has only {len(counts)} colours"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(png, SHOTS / f"{name}.png")
 
 
 RUN_ALL = """async (name) => {
