@@ -12,9 +12,11 @@ as minitorch's do)::
 
 | module | owns |
 |---|---|
-| ``exercises.py`` | the registry: exercise id -> title, prompt and grader |
+| ``exercise.py`` | ``Exercise`` (id, title, prompt, grader) and helpers the graders share |
+| ``chCC.py`` | chapter CC's graders and its ``EXERCISES`` list |
+| ``exercises.py`` | the registry: every chapter's exercises by id |
 | ``check.py`` | ``check(id, answer)``: runs a grader, prints a reader-facing verdict |
-| ``solutions.py`` | reference solutions (kept out of the chapters; CI checks they pass) |
+| ``solutions/chCC.py`` | reference solutions (kept out of the chapters; CI checks they pass) |
 """
 
 from minillm.labs.check import check
