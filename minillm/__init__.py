@@ -25,6 +25,7 @@ Module map (one concept each):
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
     calibration.py   fit the simulator's step overheads to this machine and report its error
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
+    machine.py       describe() / settle_threads(): the hardware a chapter measured on
     train/           the training script of the shipped tiny model (python -m minillm.train)
     bench/           python -m minillm.bench engine|serve|simulate|kernels|gpu: side-by-side
 """
