@@ -1,9 +1,16 @@
-"""What the real-browser tests share: finding Debian's Chromium, the loopback-only rule, and
-the check that a screenshot is not blank."""
+"""What the real-browser tests share: finding Debian's Chromium, a static file server on
+loopback, a page that blocks every request leaving the machine, and the check that a
+screenshot is not blank."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import shutil
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 SHOTS = Path("/tmp/widget-shots")  # copies of the screenshots, for a person to look at
@@ -33,3 +40,52 @@ def check_painted(png: Path, name: str) -> None:
     assert len(counts) > 4, f"{name}: the picture has only {len(counts)} colours"
     SHOTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(png, SHOTS / f"{name}.png")
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    """A static file server that does not log each request to stderr."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve_directory(root: Path) -> Iterator[str]:
+    """Serve root on 127.0.0.1 (module scripts do not load from file://); yields its URL."""
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def offline_page(browser: object, width: int = 1000,
+                 height: int = 800) -> Iterator[tuple[object, list[str], list[str]]]:
+    """A page that aborts every request not to file:// or loopback: (page, console errors,
+    blocked URLs)."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    errors: list[str] = []
+    blocked: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def gate(route: object) -> None:
+        url = urllib.parse.urlsplit(route.request.url)
+        if url.scheme == "file" or url.hostname in LOOPBACK:
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", gate)
+    try:
+        yield page, errors, blocked
+    finally:
+        context.close()

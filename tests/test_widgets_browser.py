@@ -13,14 +13,10 @@ apt-get install chromium: never `playwright install`, which downloads a browser)
 
 from __future__ import annotations
 
-import functools
 import html
 import json
 import shutil
-import threading
-import urllib.parse
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -30,7 +26,7 @@ sync_api = pytest.importorskip("playwright.sync_api",
                                reason="needs playwright (pip install playwright)")
 pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
 
-from browser_support import LOOPBACK, check_painted, find_chromium  # noqa: E402
+from browser_support import check_painted, find_chromium, offline_page, serve_directory  # noqa: E402
 
 from widgets.base import STATIC, View  # noqa: E402
 
@@ -50,24 +46,12 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """A folder served on 127.0.0.1 (module scripts do not load from file://): (dir, url)."""
+    """A folder with the widgets' JS and CSS, served on 127.0.0.1: (dir, url)."""
     root = tmp_path_factory.mktemp("site")
     for name in ("view.js", "view.css"):
         shutil.copy(STATIC / name, root / name)
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-class QuietHandler(SimpleHTTPRequestHandler):
-    """A static file server that does not log each request to stderr."""
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    with serve_directory(root) as url:
+        yield root, url
 
 
 @pytest.fixture(scope="module")
@@ -102,25 +86,8 @@ def views(request: pytest.FixtureRequest) -> dict[str, object]:
 @pytest.fixture
 def page(browser: object) -> Iterator[tuple[object, list[str], list[str]]]:
     """A page that aborts every request not to file:// or loopback: (page, errors, blocked)."""
-    context = browser.new_context(viewport={"width": 1000, "height": 800})
-    pg = context.new_page()
-    pg.set_default_timeout(15_000)
-    errors: list[str] = []
-    blocked: list[str] = []
-    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-
-    def gate(route: object) -> None:
-        url = urllib.parse.urlsplit(route.request.url)
-        if url.scheme == "file" or url.hostname in LOOPBACK:
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    pg.route("**/*", gate)
-    yield pg, errors, blocked
-    context.close()
+    with offline_page(browser) as opened:
+        yield opened
 
 
 def write_page(root: Path, name: str, body: str, head: str = "") -> str:
