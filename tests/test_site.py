@@ -77,6 +77,7 @@ def test_chapter_page_shows_its_figures_offline(chapter: str, url: str, browser:
         assert page.locator("nav a", has_text="Paged").count() >= 1, "no chapter navigation"
         if chapter == CHAPTERS[1]:  # one page's picture is kept as the test's artifact
             shot = tmp_path / "page.png"
+            page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(shot), full_page=False)
             check_painted(shot, f"site_{chapter}")
         assert errors == [], f"{chapter}: console errors {errors}"
