@@ -42,6 +42,19 @@ def check_painted(png: Path, name: str) -> None:
     shutil.copy(png, SHOTS / f"{name}.png")
 
 
+@contextlib.contextmanager
+def headless_chromium() -> Iterator[object]:
+    """Debian's Chromium, headless, driven by playwright (never `playwright install`)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=find_chromium(), args=["--disable-gpu"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 class QuietHandler(SimpleHTTPRequestHandler):
     """A static file server that does not log each request to stderr."""
 

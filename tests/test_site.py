@@ -17,11 +17,16 @@ from pathlib import Path
 
 import pytest
 
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="needs playwright (pip install playwright)")
+pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
 pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
 
-from browser_support import check_painted, find_chromium, offline_page, serve_directory  # noqa: E402
+from browser_support import (  # noqa: E402
+    check_painted,
+    find_chromium,
+    headless_chromium,
+    offline_page,
+    serve_directory,
+)
 
 BOOK = Path(__file__).resolve().parents[1] / "chapters"
 SITE = Path(os.environ.get("MINILLM_SITE") or BOOK / "_build" / "html")
@@ -45,10 +50,9 @@ def url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--disable-gpu"])
+    """One headless Chromium for the module."""
+    with headless_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 def test_the_toc_lists_every_chapter_notebook() -> None:

@@ -22,11 +22,16 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("anywidget", reason="the widgets need the [book] extra (anywidget)")
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="needs playwright (pip install playwright)")
+pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
 pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
 
-from browser_support import check_painted, find_chromium, offline_page, serve_directory  # noqa: E402
+from browser_support import (  # noqa: E402
+    check_painted,
+    find_chromium,
+    headless_chromium,
+    offline_page,
+    serve_directory,
+)
 
 from widgets.base import STATIC, View  # noqa: E402
 
@@ -38,10 +43,8 @@ if CHROMIUM is None:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     """One headless Chromium for the module."""
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--disable-gpu"])
+    with headless_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")
