@@ -42,6 +42,20 @@ def check_painted(png: Path, name: str) -> None:
     shutil.copy(png, SHOTS / f"{name}.png")
 
 
+def require_browser() -> str:
+    """Skip the calling test module unless playwright, Pillow and Debian's Chromium are all
+    here; returns Chromium's path. Call it at module level, before importing playwright."""
+    import pytest
+
+    pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
+    pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; never "
+                    "`playwright install`)", allow_module_level=True)
+    return chromium
+
+
 @contextlib.contextmanager
 def headless_chromium() -> Iterator[object]:
     """Debian's Chromium, headless, driven by playwright (never `playwright install`)."""

@@ -16,15 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
-pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
-
 from browser_support import (  # noqa: E402
     check_painted,
-    find_chromium,
     headless_chromium,
     offline_page,
+    require_browser,
     serve_directory,
 )
 
@@ -37,9 +33,7 @@ if not (SITE / "intro.html").is_file():
         raise FileNotFoundError(f"MINILLM_SITE={SITE} holds no built site (intro.html)")
     pytest.skip("the site is not built: pip install -e '.[book,docs]' && jupyter-book build "
                 "chapters/", allow_module_level=True)
-CHROMIUM = find_chromium()
-if CHROMIUM is None:
-    pytest.skip("no chromium on PATH (Debian: apt-get install chromium)", allow_module_level=True)
+require_browser()
 
 
 @pytest.fixture(scope="module")

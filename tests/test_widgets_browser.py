@@ -22,22 +22,18 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("anywidget", reason="the widgets need the [book] extra (anywidget)")
-pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
-pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshots")
 
 from browser_support import (  # noqa: E402
     check_painted,
-    find_chromium,
     headless_chromium,
     offline_page,
+    require_browser,
     serve_directory,
 )
 
 from widgets.base import STATIC, View  # noqa: E402
 
-CHROMIUM = find_chromium()
-if CHROMIUM is None:
-    pytest.skip("no chromium on PATH (Debian: apt-get install chromium)", allow_module_level=True)
+require_browser()
 
 
 @pytest.fixture(scope="module")

@@ -34,20 +34,16 @@ pytest.importorskip("anywidget", reason="the widgets need the [book] extra (anyw
 pytest.importorskip("ipywidgets", reason="the widgets need the [book] extra (ipywidgets)")
 pytest.importorskip("jupyterlab", reason="needs JupyterLab (the [book] extra)")
 pytest.importorskip("ipykernel", reason="needs ipykernel to run the notebook")
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="needs playwright (pip install playwright)")
-pytest.importorskip("PIL.Image", reason="needs Pillow to check the screenshot")
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "widgets.ipynb"
 
 
 
-from browser_support import LOOPBACK, check_painted, find_chromium  # noqa: E402
+from browser_support import LOOPBACK, check_painted, require_browser  # noqa: E402
 
-CHROMIUM = find_chromium()
-if CHROMIUM is None:
-    pytest.skip("no chromium on PATH (Debian: apt-get install chromium)", allow_module_level=True)
+CHROMIUM = require_browser()
+from playwright import sync_api  # noqa: E402
 
 CELLS = [
     "from minillm import LLM, SamplingParams\n"
