@@ -66,6 +66,13 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        max_position_embeddings=40960, tie_word_embeddings=True,
                        eos_token_id=151645),
+    # ~135M parameters (0.54 GB in fp32): too big for a CPU's caches, small enough to run on
+    # one core, so a CPU reader can measure decode against the weight-bandwidth roof.
+    "smollm2-135m": dict(_repo="HuggingFaceTB/SmolLM2-135M", model_type="llama", vocab_size=49152,
+                         hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0),
     # v0.3: no sliding window, so every context up to 32k runs in minillm as it does in HF.
     "mistral-7b": dict(_repo="mistralai/Mistral-7B-v0.3", model_type="mistral", vocab_size=32768,
                        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

@@ -211,6 +211,33 @@ def prefill_time(model: ModelLike, hw: Hardware | str, prompt_len: int, batch: i
     return step_time(model, hw, [(prompt_len, prompt_len)] * batch, dtype_bytes, overhead)
 
 
+def prefill_crossover(model: ModelLike, hw: Hardware | str, dtype_bytes: float = 2) -> int:
+    """The shortest prompt (tokens) whose prefill step is compute-bound on hw: the prompt length
+    at which prefill crosses the ridge point. Below it a prefill step costs about one read of
+    the weights, like a decode step; above it, time grows with the prompt. Llama-3-8B in BF16:
+    ~300 tokens on an H100-SXM, ~160 on an A100-80GB; on a CPU in fp32, a handful of tokens.
+
+    Prefill's intensity (2*W*P + attention) / (weight bytes + KV bytes) rises with P, so the
+    crossing is found by bisection on prefill_time(...).bound."""
+    device = get_hardware(hw)
+
+    def compute_bound(prompt_len: int) -> bool:
+        return prefill_time(model, device, prompt_len, dtype_bytes=dtype_bytes).bound == "compute"
+
+    lo, hi = 1, 1
+    while not compute_bound(hi):
+        lo, hi = hi, hi * 2
+        if hi > 2**30:
+            raise ValueError(f"prefill never turns compute-bound on {device.name} below 2^30 "
+                             "tokens: check the hardware's flops and bandwidth")
+    if hi == 1:
+        return 1
+    while hi - lo > 1:  # bisect: lo is memory-bound, hi compute-bound
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if compute_bound(mid) else (mid, hi)
+    return hi
+
+
 def arithmetic_intensity(model: ModelLike, batch: int, phase: Literal["prefill", "decode"],
                          context_len: int, prompt_len: int | None = None,
                          dtype_bytes: float = 2) -> float:

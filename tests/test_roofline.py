@@ -154,3 +154,43 @@ def test_measure_machine_returns_a_usable_hardware():
         assert value > 0 and math.isfinite(value)
     assert ridge_point(hw) > 0
     assert step_time(models.get("qwen2.5-0.5b"), hw, [(1, 16)]).time > 0
+
+
+def _crossover_by_hand(name: str, hw_name: str, b: int = 2) -> int:
+    # Prefill of P tokens from scratch is compute-bound when FLOPs >= ridge * bytes:
+    #   FLOPs = 2*W*P + 2*V*E + 4*H*D*L * P(P+1)/2      (projections, one LM-head row, attention)
+    #   bytes = (R + 2*L*K*D * 2P) * b                   (weights once; K/V read and written)
+    # with W the layers' projection weights and R the weights read. A quadratic in P.
+    c = models.get(name)
+    E, H, K, D, F, L, V = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                           c.head_dim, c.intermediate_size, c.num_hidden_layers, c.vocab_size)
+    W = L * (2 * E * H * D + 2 * E * K * D + 3 * E * F)
+    R = c.num_params - (0 if c.tie_word_embeddings else V * E)
+    A, kv, ridge = 4 * H * D * L, 2 * L * K * D, roofline.ridge_point(hw_name)
+    qa, qb, qc = A / 2, 2 * W + A / 2 - ridge * kv * 2 * b, 2 * V * E - ridge * R * b
+    return math.ceil((-qb + math.sqrt(qb * qb - 4 * qa * qc)) / (2 * qa))
+
+
+@pytest.mark.parametrize("name, hw_name, expected", [
+    ("llama-3-8b", "A100-80GB", 165), ("llama-3-8b", "H100-SXM", 318), ("llama-3-8b", "H200", 222),
+    ("llama-3-70b", "A100-80GB", 156), ("llama-3-70b", "H100-SXM", 300),
+    ("llama-3-70b", "H200", 209),
+])
+def test_prefill_crossover_matches_the_hand_computed_prompt_length(name, hw_name, expected):
+    assert _crossover_by_hand(name, hw_name) == expected
+    assert roofline.prefill_crossover(name, hw_name) == expected
+    # the step just below the crossover is memory-bound, the crossover itself compute-bound
+    assert roofline.prefill_time(name, hw_name, expected - 1).bound == "memory"
+    assert roofline.prefill_time(name, hw_name, expected).bound == "compute"
+
+
+def test_prefill_crossover_is_not_a_few_dozen_tokens_on_a_datacenter_gpu():
+    # The rule of thumb "compute-bound past a few dozen tokens" holds only where the ridge is
+    # low: Llama-3-8B prefill of 128 tokens is memory-bound on an H100 (intensity ~119 < 295).
+    assert roofline.prefill_time("llama-3-8b", "H100-SXM", 128).bound == "memory"
+    assert roofline.prefill_crossover("llama-3-8b", "H100-SXM") > 2 * 128
+    cpu = roofline.Hardware("a laptop core", flops=1e11, bandwidth=2.5e10, memory=16e9)
+    assert roofline.prefill_crossover("llama-3-8b", cpu, dtype_bytes=4) < 16
+    # fewer bytes per weight double the intensity: FP8 halves the crossover, about
+    fp8 = roofline.prefill_crossover("llama-3-8b", "H100-SXM", dtype_bytes=1)
+    assert 0.4 < fp8 / 318 < 0.6
