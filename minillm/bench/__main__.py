@@ -1,4 +1,5 @@
-"""python -m minillm.bench engine | serve | simulate | kernels | gpu: side-by-side figures."""
+"""python -m minillm.bench engine | serve | simulate | kernels | gpu | chapters: side-by-side
+figures, and the chapters run outside Jupyter."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 import torch
 
-from minillm.bench import engine, gpu, kernels, serve, simulate
+from minillm.bench import chapters, engine, gpu, kernels, serve, simulate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,12 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     gpu.add_arguments(sub.add_parser("gpu", help=gpu.__doc__.splitlines()[0]))
     serve.add_arguments(sub.add_parser("serve", help=serve.__doc__.splitlines()[0]))
     simulate.add_arguments(sub.add_parser("simulate", help=simulate.__doc__.splitlines()[0]))
+    chapters.add_arguments(sub.add_parser("chapters", help=chapters.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     if args.command == "engine":
         engine.main(args)
         return 0
     if args.command == "serve":
         return serve.main(args)
+    if args.command == "chapters":
+        return chapters.main(args)
     if args.command == "simulate":
         simulate.main(args)
         return 0

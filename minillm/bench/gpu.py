@@ -6,7 +6,8 @@ random weights in bf16 (a shape, not the checkpoint: nothing is downloaded):
   weight once, so no step can beat weight bytes / copy bandwidth, both measured in this run;
 - one decode step (forward and logits) replayed as a CUDA graph, against the same step eagerly
   and against the roofline: what is left between it and the TPOT is the engine's host work;
-- generation throughput of the engine against transformers' generate on the same weights.
+- generation throughput of the engine against transformers' generate on the same weights;
+- every chapter's code cells on this GPU (`bench chapters`): which cells, and asserts, held.
 Writes DIR/gpu-bench.json and DIR/gpu-bench.md (after every part, so a cut run keeps what it
 measured). Takes a few minutes on an H100/H200; CUDA only.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.bench import kernels
+from minillm.bench import chapters, kernels
 from minillm.bench.kernels import Figure
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.llm import LLM
@@ -183,17 +184,35 @@ def main(args: argparse.Namespace) -> int:
     figures: list[Figure] = []
     ok = measure(figures, notes, args.out, "kernels",
                  lambda: kernels.kernel_figures(args, base, device))
+    ok &= engine_parts(figures, notes, args.out, base.copy_bandwidth)
+    torch.cuda.empty_cache()  # the engine above is gone; the chapters allocate their own
+    ok &= chapter_part(notes, args.out)
+    write_report(args.out, figures, notes)
+    print((args.out / "gpu-bench.md").read_text())
+    return 0 if ok else 1
+
+
+def engine_parts(figures: list[Figure], notes: dict[str, object], out: Path,
+                 copy_bandwidth: float) -> bool:
+    """TPOT, CUDA-graph and generate figures of the engine on the 1B shape."""
     llm = make_llm(max_num_seqs=16, max_model_len=1024)
     weight_bytes = decode_weight_bytes(llm.model)
-    roofline = weight_bytes / base.copy_bandwidth
+    roofline = weight_bytes / copy_bandwidth
     notes["model"] = (f"{MODEL_NAME} with random bf16 weights, {weight_bytes / 1e9:.2f} GB of "
                       "weights read per decode step")
     notes["engine uses CUDA graphs"] = getattr(llm.engine, "graph_runner", None) is not None
-    ok &= measure(figures, notes, args.out, "TPOT", lambda: [tpot_figure(llm, roofline)])
-    ok &= measure(figures, notes, args.out, "CUDA graph", lambda: graph_figures(llm, roofline))
-    ok &= measure(figures, notes, args.out, "generate", lambda: [throughput_figure(llm)])
-    print((args.out / "gpu-bench.md").read_text())
-    return 0 if ok else 1
+    ok = measure(figures, notes, out, "TPOT", lambda: [tpot_figure(llm, roofline)])
+    ok &= measure(figures, notes, out, "CUDA graph", lambda: graph_figures(llm, roofline))
+    return ok & measure(figures, notes, out, "generate", lambda: [throughput_figure(llm)])
+
+
+def chapter_part(notes: dict[str, object], out: Path) -> bool:
+    """Every chapter's code cells on this GPU; the per-cell results go to out/chapters.json."""
+    runs = chapters.run_all(chapters.chapter_paths(), out)
+    notes["chapters (code cells passed)"] = "; ".join(
+        f"{r.chapter} {r.passed}/{r.cells}"
+        + ("" if r.ok else f" (failed cells: {[f.cell for f in r.failures]})") for r in runs)
+    return all(r.ok for r in runs)
 
 
 def measure(figures: list[Figure], notes: dict[str, object], out: Path, part: str,

@@ -1,0 +1,75 @@
+"""`bench chapters`: the chapters' code cells run outside Jupyter, every failure recorded."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from minillm.bench import chapters
+
+
+def notebook(path: Path, cells: list[str]) -> Path:
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# a chapter\n"]}]
+        + [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [],
+            "execution_count": None} for src in cells],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_every_failed_cell_is_recorded_and_the_chapter_goes_on(tmp_path: Path) -> None:
+    path = notebook(tmp_path / "99_demo.ipynb", [
+        "x = 1",
+        "y = x + 1\nassert y == 3, f'y is {y}'",
+        "z = x + 10",
+        "print(undefined_name)",
+        "assert z == 11",
+    ])
+    run = chapters.run_in_subprocess(path, timeout=60, log=tmp_path / "log")
+    assert (run.chapter, run.cells, run.passed) == ("99_demo", 5, 3)
+    assert [f.cell for f in run.failures] == [1, 3]
+    assert run.failures[0].error == "AssertionError: y is 2"
+    assert run.failures[0].line == "assert y == 3, f'y is {y}'"
+    assert run.failures[1].error.startswith("NameError")
+    assert not run.ok and "2 cell(s) failed" in run.summary()
+    assert "--- 99_demo, code cell 4" in (tmp_path / "log").read_text()
+
+
+def test_a_chapter_that_hangs_is_a_timeout_failure(tmp_path: Path) -> None:
+    path = notebook(tmp_path / "98_slow.ipynb", ["import time\ntime.sleep(30)"])
+    run = chapters.run_in_subprocess(path, timeout=2, log=tmp_path / "log")
+    assert not run.ok and "timed out" in run.failures[0].error
+
+
+def test_run_all_writes_json_after_each_chapter(tmp_path: Path) -> None:
+    paths = [notebook(tmp_path / "01_a.ipynb", ["a = 1"]),
+             notebook(tmp_path / "02_b.ipynb", ["assert False, 'no'"])]
+    runs = chapters.run_all(paths, tmp_path / "out", timeout=60)
+    saved = json.loads((tmp_path / "out" / "chapters.json").read_text())
+    assert [r.ok for r in runs] == [True, False] == [r["ok"] for r in saved]
+    assert saved[1]["failures"][0]["error"] == "AssertionError: no"
+
+
+def test_stand_in_lets_a_missing_widget_library_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "minillm_no_such_widget_library"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    assert chapters._stand_in_for_missing([name, "json"]) == [name]
+    lib = sys.modules.pop(name)
+
+    class Widget(lib.AnyWidget):  # subclassing, traits and decorators all work
+        value = lib.Unicode("").tag(sync=True)
+
+        @lib.observe("value")
+        def changed(self) -> str:
+            return "kept"
+
+    assert Widget().changed() == "kept"
+
+
+def test_the_chapters_are_found_in_order() -> None:
+    names = [p.stem for p in chapters.chapter_paths()]
+    assert names[:3] == ["00_tour", "01_prefill_vs_decode", "02_roofline"]
+    assert names == sorted(names)
