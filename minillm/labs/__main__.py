@@ -1,4 +1,11 @@
-"""python -m minillm.labs chNN: run one chapter's lab tests alone (pytest -m chNN over tests/)."""
+"""python -m minillm.labs: the labs from a shell.
+
+    python -m minillm.labs chNN                  run chapter NN's lab tests (pytest -m chNN)
+    python -m minillm.labs grade NOTEBOOK.ipynb  execute a student's notebook, grade every
+                                                 exercise in one table (exit 1 if any fails)
+    python -m minillm.labs answers chNN          reference solutions and model answers of NN
+    python -m minillm.labs strip-solutions DIR   make the repository copy DIR a student handout
+"""
 
 from __future__ import annotations
 
@@ -7,17 +14,76 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[2] / "tests"
+USAGE = __doc__.split("\n\n", 1)[1].rstrip()
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not argv[0].startswith("ch"):
-        print("usage: python -m minillm.labs chNN   (e.g. ch00; extra pytest options: use pytest)")
-        return 2
+def run_lab(chapter: str) -> int:
+    """pytest -m chNN over the checkout's tests/: the graders checked on known answers."""
     if not TESTS.is_dir():
         print(f"no tests folder at {TESTS}: run this from a source checkout (pip install -e .)")
         return 2
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", argv[0], str(TESTS)]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", chapter, str(TESTS)]
     return subprocess.call(cmd, cwd=TESTS.parent)
+
+
+def grade(argv: list[str]) -> int:
+    from minillm.labs.grade import main as grade_main
+
+    timeout = 600
+    if len(argv) == 3 and argv[1] == "--timeout" and argv[2].isdigit():
+        timeout = int(argv[2])
+    elif len(argv) != 1:
+        print("usage: python -m minillm.labs grade NOTEBOOK.ipynb [--timeout SECONDS_PER_CELL]")
+        return 2
+    return grade_main(argv[0], timeout)
+
+
+def answers(chapter: str) -> int:
+    from minillm.labs.handout import answers as chapter_answers
+
+    try:
+        text = chapter_answers(chapter.removeprefix("ch"))
+    except ValueError as err:
+        print(err)
+        return 2
+    if text is None:
+        print("this copy of minillm has no reference solutions (minillm/labs/solutions/ was "
+              "removed for a course); ask your instructor, or see the public repository")
+        return 2
+    print(text, end="")
+    return 0
+
+
+def strip(folder: str) -> int:
+    from minillm.labs.handout import labs_work_in, strip_solutions
+
+    try:
+        removed = strip_solutions(folder)
+    except (FileNotFoundError, ValueError) as err:
+        print(err)
+        return 2
+    for path in removed:
+        print(f"removed {path}")
+    problem = labs_work_in(Path(folder).resolve())
+    if problem:
+        print(f"the stripped copy's labs do not import: {problem}")
+        return 1
+    print(f"{folder} is a student handout: the chapters, the engine and every grader, no "
+          "reference solutions or model answers")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 1 and argv[0].startswith("ch") and argv[0][2:].isdigit():
+        return run_lab(argv[0])
+    if argv and argv[0] == "grade":
+        return grade(argv[1:])
+    if len(argv) == 2 and argv[0] == "answers" and argv[1].removeprefix("ch").isdigit():
+        return answers(argv[1])
+    if len(argv) == 2 and argv[0] == "strip-solutions":
+        return strip(argv[1])
+    print("usage:\n" + USAGE)
+    return 2
 
 
 if __name__ == "__main__":
