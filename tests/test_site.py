@@ -4,8 +4,10 @@
 Each page of the table of contents is served on loopback and opened in headless Chromium with
 every request leaving the machine blocked: no console errors, and each chapter shows its
 figures (matplotlib images that loaded, the widgets' inline SVG pictures) and a Binder launch
-link. Skips when the site has not been built, unless MINILLM_SITE names the built site (as
-.ci/run does), in which case a missing site fails.
+link. The course pages (learning path, notation, glossary, instructor guide, solutions policy)
+open without errors, the glossary has an anchor for every term, and the term links of the
+chapters and pages land on one. Skips when the site has not been built, unless MINILLM_SITE
+names the built site (as .ci/run does), in which case a missing site fails.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from browser_support import (  # noqa: E402
 BOOK = Path(__file__).resolve().parents[1] / "chapters"
 SITE = Path(os.environ.get("MINILLM_SITE") or BOOK / "_build" / "html")
 CHAPTERS = re.findall(r"file:\s*(\d\d_\w+)", (BOOK / "_toc.yml").read_text())
+COURSE_PAGES = ["learning_path", "notation", "glossary", "instructor_guide", "solutions"]
 
 if not (SITE / "intro.html").is_file():
     if os.environ.get("MINILLM_SITE"):
@@ -94,4 +97,45 @@ def test_landing_page_references_and_search_work_offline(url: str, browser: obje
         hits = page.locator("#search-results li")
         hits.first.wait_for()
         assert hits.count() >= 2, "searching 'prefill' should find several pages"
+        assert errors == [] and blocked == [], (errors, blocked)
+
+
+@pytest.mark.parametrize("name", COURSE_PAGES)
+def test_course_page_opens_offline(name: str, url: str, browser: object) -> None:
+    with offline_page(browser) as (page, errors, blocked):
+        page.goto(f"{url}/{name}.html", wait_until="load")
+        assert page.locator("article h1").count() == 1, f"{name}: no title"
+        assert page.locator("article table, article dl.glossary, article pre").count() >= 1, (
+            f"{name}: its tables, the glossary's list or its commands are missing")
+        assert page.locator("nav a", has_text="Paged").count() >= 1, "no chapter navigation"
+        assert errors == [], f"{name}: console errors {errors}"
+        assert blocked == [], f"{name}: requests left the machine: {blocked}"
+    intro = (SITE / "intro.html").read_text()
+    assert f'href="{name}.html' in intro, f"the landing page does not link {name}"
+
+
+def test_every_term_link_lands_on_a_glossary_entry(url: str, browser: object) -> None:
+    """The glossary's anchors exist, one per term, and every {term} link of the site (from the
+    chapters if they have any, else from the notation page) lands on one in a browser."""
+    glossary = (SITE / "glossary.html").read_text()
+    anchors = set(re.findall(r'<dt id="(term-[^"]+)"', glossary))
+    assert len(anchors) >= 30, f"the glossary has {len(anchors)} term anchors"
+    for term in ["TTFT", "TPOT", "ITL", "KV-cache", "ridge-point", "slot-mapping", "goodput"]:
+        assert f"term-{term}" in anchors, f"no glossary anchor for {term}"
+    links: dict[str, set[str]] = {}
+    for html in SITE.glob("*.html"):
+        for anchor in re.findall(r'href="glossary\.html#(term-[^"]+)"', html.read_text()):
+            links.setdefault(html.stem, set()).add(anchor)
+    dangling = {page: sorted(a - anchors) for page, a in links.items() if a - anchors}
+    assert not dangling, f"term links without a glossary entry: {dangling}"
+    from_chapters = [page for page in CHAPTERS if page in links]
+    source = from_chapters[0] if from_chapters else "notation"
+    with offline_page(browser) as (page, errors, blocked):
+        page.goto(f"{url}/{source}.html", wait_until="load")
+        link = page.locator("article a[href*='glossary.html#term-']").first
+        anchor = link.get_attribute("href").split("#", 1)[1]
+        link.click()
+        page.wait_for_url(f"**/glossary.html#{anchor}")
+        entry = page.locator(f"[id='{anchor}']")
+        assert entry.count() == 1 and entry.is_visible(), f"{source}: {anchor} did not resolve"
         assert errors == [] and blocked == [], (errors, blocked)

@@ -5,10 +5,13 @@ In a notebook, grade one exercise with ``check``::
     from minillm.labs import check
     check("00.1", my_tpot)        # prints a pass/fail message, returns True/False
 
-From a shell, run the tests of one chapter's lab alone (they carry a pytest marker per chapter,
-as minitorch's do)::
+From a shell::
 
-    python -m minillm.labs ch00   # = pytest -m ch00 over the repository's tests/
+    python -m minillm.labs grade 00_tour.ipynb   # run a student's notebook, grade it in one table
+    python -m minillm.labs answers ch00          # reference solutions and model answers
+    python -m minillm.labs strip-solutions DIR   # a repository copy for students, without them
+    python -m minillm.labs ch00                  # the chapter's lab tests (pytest -m ch00), which
+                                                 # check each grader on right and wrong answers
 
 | module | owns |
 |---|---|
@@ -16,7 +19,10 @@ as minitorch's do)::
 | ``chCC.py`` | chapter CC's graders and its ``EXERCISES`` list |
 | ``exercises.py`` | the registry: every chapter's exercises by id |
 | ``check.py`` | ``check(id, answer)``: runs a grader, prints a reader-facing verdict |
-| ``solutions/chCC.py`` | reference solutions (kept out of the chapters; CI checks they pass) |
+| ``grade.py`` | ``grade``: executes a whole notebook, gathers every check's verdict |
+| ``handout.py`` | ``answers`` and ``strip-solutions``: the solutions policy |
+| ``solutions/chCC.py`` | reference solutions (``SOLUTIONS``) and model answers of the open-ended |
+|  | exercises (``MODEL_ANSWERS``); no grader imports them, so a course can delete them |
 """
 
 from minillm.labs.check import check
