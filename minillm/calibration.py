@@ -1,36 +1,51 @@
-"""Calibration: how well the roofline cost model predicts the real engine's step times here.
+"""Calibration: how well the simulator predicts the real engine here, step by step and request
+by request.
 
 Run the real engine (an LLM) on a workload, then feed each step's scheduled entries, exactly as
 the real trace records them, to roofline.step_time with this machine's measured peaks
 (roofline.measure_machine) and fitted overheads. Comparing step by step, rather than comparing
-two whole schedules, isolates the cost model from queueing. The report gives the median absolute
-relative error |modelled - real| / real per kind of step: "prefill" (only prefill chunks),
-"decode" (only decodes) and "mixed" (both), and the whole run simulated beside the real one.
+two whole schedules, isolates the cost model from queueing: the report gives the median absolute
+relative error |modelled - real| / real per kind of step, "prefill" (only prefill chunks),
+"decode" (only decodes) and "mixed" (both), and its median sign (the bias). Then it simulates
+the whole workload with the fitted overheads beside the real run and compares what a reader
+quotes: TTFT and TPOT at p50 and p99 (RequestComparison). Both levels are needed. A step-level
+median hides a bias per phase, and an open-loop run amplifies one: a decode slowed by long
+prefill chunks waits about 1 / (1 - prefill utilisation) times its own step time, so a 25% error
+in a prefill chunk's price can halve a TPOT near saturation, while throughput, which the arrival
+rate sets, agrees anyway.
 
-The overheads are what no roofline counts: Python, framework and kernel-launch time per step,
-and the per-token work that runs below peak (norms, rotary embeddings, small matmuls). Both are
-fitted by least squares on the relative error, each phase weighing the same, and the errors
-are always measured on steps the fit did not see: by default the fit uses the even-numbered
-steps of the run and the report the odd ones, so that both halves share whatever load the
-machine carries as it drifts (a laptop's turbo, other jobs on a shared CPU); with fit_workload,
-the fit uses a separate run and the report every step of this one.
+The overheads are what no roofline counts, fitted by nonnegative least squares on the relative
+error, each phase weighing the same: seconds per step (Python, framework, kernel launches), per
+new token (norms, rotary embeddings, small ops below peak), per request in the step (its batch
+metadata, sampling, a per-request attention call) and per attention (query, key) pair (the
+PyTorch reference materialises the score matrix, a fused kernel does not). A per-step and
+per-token model alone cannot price both a decode of 8 requests (8 tokens, 8 requests) and a
+256-token prefill chunk (256 tokens, 1 request, 33k pairs): fitted on both, it under-prices the
+first and over-prices the second. Errors are always measured on steps the fit did not see: by
+default the fit uses the even-numbered steps of the run and the report the odd ones, so that
+both halves share whatever load the machine carries as it drifts; with fit_workload, the fit
+uses a separate run and the report every step of this one.
 
-clock="wall" times a step as its StepRecord does (perf_counter, start to end); clock="cpu" by
-the CPU time of the thread that ran it, which other jobs on a shared machine cannot inflate
-(with one torch thread, every op of the step runs on that thread).
+clock="wall" runs and times everything on time.perf_counter. clock="cpu" runs the real engine
+on the CPU time of its thread instead (plus the idle time it skips while waiting for the next
+arrival): requests arrive, steps are timed and token times are stamped on that clock, which
+other jobs on a shared machine cannot inflate (with one torch thread, every op of a step runs
+on that thread). The run is then the one a machine of its own would have served.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from minillm import roofline
@@ -45,6 +60,8 @@ from minillm.workload import RequestSpec, Workload
 StepPhase = Literal["prefill", "decode", "mixed"]
 Clock = Literal["wall", "cpu"]
 PHASES: tuple[StepPhase, ...] = ("prefill", "decode", "mixed")
+OVERHEAD_TERMS = ("overhead", "overhead_per_token", "overhead_per_seq", "overhead_per_pair")
+REQUEST_METRICS = (("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"), ("tpot", "p99"))
 
 
 @dataclass(frozen=True)
@@ -64,17 +81,35 @@ class StepComparison:
 
 
 @dataclass(frozen=True)
-class CalibrationReport:
-    """The cost model against the real engine on this machine.
+class RequestComparison:
+    """One request-level figure (e.g. TPOT p50, seconds) of the real and the simulated run."""
 
-    clock: how real steps were timed ("wall" or "cpu", see the module).
-    overhead: fitted seconds per step; overhead_per_token: fitted seconds per new token.
-    fitted_on: "even steps" (of this run; steps then holds the odd ones) or "fit run" (a
-    separate run; steps holds every step of this one). median_error: per phase, the median of
-    |modelled - real| / real (nan when the run has no such step). real_summary and
-    simulated_summary: the real run and simulate() of the same workload with the fitted
-    overheads. schedules_match: simulate() scheduled the same entries step for step (expected
-    when every request arrives at 0 s; with spread arrivals the real clock shifts admissions).
+    metric: str
+    real: float
+    simulated: float
+
+    @property
+    def ratio(self) -> float:
+        """simulated / real: 1 is perfect, 0.5 a simulator that halves the figure."""
+        return self.simulated / self.real
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """The cost model against the real engine on this machine, at both levels.
+
+    clock: how the real run was clocked ("wall" or "cpu", see the module).
+    overhead, overhead_per_token, overhead_per_seq, overhead_per_pair: the fitted seconds per
+    step, per new token, per request in a step and per attention pair (overheads() gives them as
+    simulate's keywords). fitted_on: "even steps" (of this run; steps then holds the odd ones)
+    or "fit run" (a separate run; steps holds every step of this one).
+    Step level: median_error per phase, the median of |modelled - real| / real (nan when the run
+    has no such step); median_bias, the median signed error (negative: under-priced).
+    Request level: real_summary and simulated_summary, the real run (on its clock) and
+    simulate() of the same workload with the fitted overheads; requests compares their TTFT and
+    TPOT at p50 and p99. schedules_match: simulate() scheduled the same entries step for step
+    (expected when every request arrives at 0 s; with spread arrivals the clocks shift
+    admissions).
     """
 
     hardware: roofline.Hardware
@@ -82,13 +117,41 @@ class CalibrationReport:
     clock: Clock
     overhead: float
     overhead_per_token: float
+    overhead_per_seq: float
+    overhead_per_pair: float
     fitted_on: Literal["even steps", "fit run"]
     steps: list[StepComparison]
     median_error: dict[StepPhase, float]
+    median_bias: dict[StepPhase, float]
     num_steps: dict[StepPhase, int]
     real_summary: Summary
     simulated_summary: Summary
     schedules_match: bool
+
+    def overheads(self) -> dict[str, float]:
+        """The fitted overheads as keywords of simulate and roofline.step_time."""
+        return {name: getattr(self, name) for name in OVERHEAD_TERMS}
+
+    @property
+    def requests(self) -> list[RequestComparison]:
+        """TTFT and TPOT, p50 and p99, real against simulated."""
+        return [RequestComparison(f"{name} {q}", getattr(getattr(self.real_summary, name), q),
+                                  getattr(getattr(self.simulated_summary, name), q))
+                for name, q in REQUEST_METRICS]
+
+    def worst_request_error(self) -> float:
+        """The largest |simulated / real - 1| over the request-level figures."""
+        return max(abs(c.ratio - 1) for c in self.requests)
+
+    def table(self) -> str:
+        """Both levels as text: per phase the step error and bias, then the request figures."""
+        lines = [f"steps (held out, clock={self.clock}): median |error|, median signed error"]
+        lines += [f"  {p:<8} {self.median_error[p]:6.1%}  {self.median_bias[p]:+6.1%}  "
+                  f"({self.num_steps[p]} steps)" for p in PHASES if self.num_steps[p]]
+        lines.append("requests: real, simulated (ms), simulated / real")
+        lines += [f"  {c.metric:<9} {c.real * 1e3:8.1f} {c.simulated * 1e3:8.1f}  {c.ratio:5.2f}"
+                  for c in self.requests]
+        return "\n".join(lines)
 
 
 def step_phase(record: StepRecord) -> StepPhase:
@@ -102,72 +165,113 @@ def step_entries(record: StepRecord) -> list[tuple[int, int]]:
     return [(e.num_tokens, e.num_computed_tokens + e.num_tokens) for e in record.scheduled]
 
 
+def step_terms(record: StepRecord) -> tuple[int, int, int, int]:
+    """What each overhead multiplies: (1 step, new tokens, requests, attention pairs)."""
+    entries = step_entries(record)
+    return 1, record.num_tokens, len(entries), roofline.attention_pairs(entries)
+
+
+class CpuClock:
+    """Seconds of this thread's CPU time since creation, plus the idle time skip() adds: the
+    clock of a machine that runs nothing but this thread."""
+
+    def __init__(self) -> None:
+        self.origin, self.skipped = time.thread_time(), 0.0
+
+    def __call__(self) -> float:
+        return time.thread_time() - self.origin + self.skipped
+
+    def skip(self, seconds: float) -> None:
+        self.skipped += seconds
+
+
 @dataclass(frozen=True)
 class RealRun:
-    """A workload served by the real engine: its Requests, its new trace records, and the CPU
-    seconds of the calling thread spent in each of those steps."""
+    """A workload served by the real engine: its Requests (metrics on the run's clock), its new
+    trace records, and the seconds each engine.step() call took on that clock (the step plus
+    the bookkeeping after it that the StepRecord does not time, i.e. the gap to the next step)."""
 
     requests: list[Request]
     trace: list[StepRecord]
-    cpu_times: list[float]
+    step_times: list[float]
 
-    def durations(self, clock: Clock) -> list[float]:
-        """Seconds per step: the StepRecord's wall time, or the thread's CPU time."""
-        return [r.duration for r in self.trace] if clock == "wall" else list(self.cpu_times)
+    def durations(self, clock: Clock | None = None) -> list[float]:
+        """Seconds per step on the run's clock (the argument is kept for older callers)."""
+        return list(self.step_times)
 
 
-def run_real(llm: LLM, workload: Workload) -> RealRun:
+def run_real(llm: LLM, workload: Workload, clock: Clock = "wall") -> RealRun:
     """Serve an open-loop workload on the real engine, queueing each request once its arrival
-    time (seconds from the start) has passed."""
+    time (seconds from the start) has passed on the clock ("wall" or "cpu", see the module)."""
     if workload.concurrency is not None:
         raise ValueError("calibration runs open-loop workloads; got a closed loop of "
                          f"concurrency {workload.concurrency}")
     engine, vocab = llm.engine, llm.model.config.vocab_size
+    cpu = CpuClock() if clock == "cpu" else None
+    now: Callable[[], float] = cpu or time.perf_counter
+    saved, engine.clock = engine.clock, now
+    try:
+        return _serve(engine, workload, vocab, now, cpu)
+    finally:
+        engine.clock = saved
+
+
+def _serve(engine, workload: Workload, vocab: int, now: Callable[[], float],
+           cpu: CpuClock | None) -> RealRun:
     pending = deque(sorted(workload, key=lambda spec: spec.arrival_time))
     requests: list[Request] = []
-    cpu_times: list[float] = []
-    first, start = len(engine.trace), time.perf_counter()
+    step_times: list[float] = []
+    first, start = len(engine.trace), now()
     while pending or engine.has_unfinished_requests():
-        now = time.perf_counter() - start
-        while pending and pending[0].arrival_time <= now:
+        elapsed = now() - start
+        while pending and pending[0].arrival_time <= elapsed:
             spec = pending.popleft()
             params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
             request_id = engine.add_request(spec.token_ids(vocab), params,
                                             arrival_time=start + spec.arrival_time)
             requests.append(engine.requests[request_id])
         if engine.has_unfinished_requests():
-            steps, cpu = len(engine.trace), time.thread_time()
+            steps, before = len(engine.trace), now()
             engine.step()
             if len(engine.trace) > steps:  # a step that only preempts leaves no record
-                cpu_times.append(time.thread_time() - cpu)
-        elif pending:
-            time.sleep(pending[0].arrival_time - now)
-    return RealRun(requests, engine.trace[first:], cpu_times)
+                step_times.append(now() - before)
+        elif cpu is not None:  # idle on the CPU clock: jump to the next arrival
+            cpu.skip(pending[0].arrival_time - elapsed)
+        else:
+            time.sleep(pending[0].arrival_time - elapsed)
+    return RealRun(requests, engine.trace[first:], step_times)
 
 
-def fit_overheads(real: Sequence[float], modelled: Sequence[float], num_tokens: Sequence[int],
-                  weights: Sequence[float] | None = None) -> tuple[float, float]:
-    """Overheads o per step and t per token (seconds, both >= 0) minimising the weighted squared
-    relative error sum(w * ((m + o + t * n - r) / r)^2) over steps of real time r, roofline
-    time m and n new tokens (weights w default to 1)."""
-    w = weights or [1.0] * len(real)
-    rows = [(wi ** 0.5 / r, wi ** 0.5 * n / r, wi ** 0.5 * (1 - m / r))
-            for wi, r, m, n in zip(w, real, modelled, num_tokens)]
-    s = {k: sum(row[i] * row[j] for row in rows) for k, (i, j) in
-         {"aa": (0, 0), "bb": (1, 1), "ab": (0, 1), "ay": (0, 2), "by": (1, 2)}.items()}
-    candidates = [(0.0, 0.0), (max(s["ay"] / s["aa"], 0.0), 0.0),
-                  (0.0, max(s["by"] / s["bb"], 0.0))]
-    det = s["aa"] * s["bb"] - s["ab"] ** 2
-    if det > 0:  # both free; kept only when both come out >= 0
-        both = ((s["ay"] * s["bb"] - s["by"] * s["ab"]) / det,
-                (s["by"] * s["aa"] - s["ay"] * s["ab"]) / det)
-        if min(both) >= 0:
-            candidates.append(both)
+def fit_overheads(real: Sequence[float], modelled: Sequence[float],
+                  terms: Sequence[Sequence[float]], weights: Sequence[float] | None = None,
+                  scales: Sequence[float] | None = None) -> tuple[float, ...]:
+    """Nonnegative coefficients c (seconds per unit of each term) minimising
+    sum(w * ((m + c . x - r) / s)^2) over steps of real time r, roofline time m and terms x
+    (e.g. step_terms: 1, tokens, requests, pairs); weights w default to 1, scales s to r (the
+    relative error). A scale shared by similar steps (phase_scales) leaves the fitted times
+    unbiased in total, which a per-step relative error does not: it pulls every prediction
+    towards the fast steps, since an over-estimate of r costs more than the same under-estimate.
 
-    def loss(o: float, t: float) -> float:
-        return sum((y - a * o - b * t) ** 2 for a, b, y in rows)
-
-    return min(candidates, key=lambda c: loss(*c))
+    Exact nonnegative least squares for a handful of terms: the optimum is the unconstrained
+    least-squares fit on some subset of the terms with the rest at 0, so try every subset."""
+    r, m = np.asarray(real, float), np.asarray(modelled, float)
+    w = np.sqrt(np.asarray(weights if weights is not None else np.ones(len(r)), float))
+    s = np.asarray(scales if scales is not None else r, float)
+    a = np.asarray(terms, float) * (w / s)[:, None]
+    y = w * (r - m) / s
+    best, best_loss = np.zeros(a.shape[1]), float(y @ y)
+    for size in range(1, a.shape[1] + 1):
+        for subset in itertools.combinations(range(a.shape[1]), size):
+            cols = list(subset)
+            coef = np.linalg.lstsq(a[:, cols], y, rcond=None)[0]
+            if (coef < 0).any():
+                continue
+            full = np.zeros(a.shape[1])
+            full[cols] = coef
+            loss = float(np.sum((y - a @ full) ** 2))
+            if loss < best_loss:
+                best, best_loss = full, loss
+    return tuple(float(c) for c in best)
 
 
 def phase_weights(trace: Sequence[StepRecord]) -> list[float]:
@@ -178,13 +282,23 @@ def phase_weights(trace: Sequence[StepRecord]) -> list[float]:
     return [1.0 / counts[p] for p in phases]
 
 
+def phase_scales(trace: Sequence[StepRecord], seconds: Sequence[float]) -> list[float]:
+    """Per step, the median real time of the steps of its phase: fit_overheads' scales, so a
+    fit weighs a millisecond of error the same in every step of a phase."""
+    phases = [step_phase(r) for r in trace]
+    median = {p: statistics.median(t for q, t in zip(phases, seconds) if q == p)
+              for p in set(phases)}
+    return [median[p] for p in phases]
+
+
 def calibrate(llm: LLM, workload: Workload, *, hw: roofline.Hardware | None = None,
               fit_workload: Workload | None = None, clock: Clock = "wall") -> CalibrationReport:
-    """Compare the real engine's step times on workload with the cost model (see the module).
+    """Compare the real engine with the cost model, step by step and request by request (see
+    the module).
 
     hw: this machine's peaks (default: roofline.measure_machine(), which takes about 1 s).
     fit_workload: a separate run to fit the overheads on (default: the even steps of this run).
-    clock: "wall" (StepRecord durations) or "cpu" (the engine thread's CPU time; needs
+    clock: "wall" (time.perf_counter) or "cpu" (the engine thread's CPU time; needs
     torch.get_num_threads() == 1, since other threads' work would go uncounted).
     """
     if clock not in ("wall", "cpu"):
@@ -194,22 +308,21 @@ def calibrate(llm: LLM, workload: Workload, *, hw: roofline.Hardware | None = No
                          f"{torch.get_num_threads()} threads: torch.set_num_threads(1) first")
     hw = hw or roofline.measure_machine()
     dtype_bytes = llm.model.lm_head.weight.element_size()
-    run_real(llm, at_time_zero(workload[:2]))  # warm-up: first calls allocate and compile
-    fit_run = run_real(llm, fit_workload) if fit_workload is not None else None
-    run = run_real(llm, workload)
-    real = list(zip(run.trace, run.durations(clock)))
-    fitted, evaluated = ((list(zip(fit_run.trace, fit_run.durations(clock))), real)
+    run_real(llm, at_time_zero(workload[:2]), clock)  # warm-up: first calls allocate, compile
+    fit_run = run_real(llm, fit_workload, clock) if fit_workload is not None else None
+    run = run_real(llm, workload, clock)
+    real = list(zip(run.trace, run.step_times))
+    fitted, evaluated = ((list(zip(fit_run.trace, fit_run.step_times)), real)
                          if fit_run is not None else (real[::2], real[1::2]))
-    overhead, per_token = _fit(fitted, llm, hw, dtype_bytes)
-    steps = [StepComparison(r.step, step_phase(r), r.num_tokens, seconds,
-                            m + overhead + per_token * r.num_tokens)
-             for (r, seconds), m in zip(evaluated, _roofline_times(
-                 [r for r, _ in evaluated], llm, hw, dtype_bytes))]
-    sim = simulate_like(llm, workload, hw, dtype_bytes, overhead, per_token)
+    overheads = dict(zip(OVERHEAD_TERMS, _fit(fitted, llm, hw, dtype_bytes)))
+    steps = [StepComparison(r.step, step_phase(r), r.num_tokens, seconds, _modelled(
+                 r, llm, hw, dtype_bytes, overheads)) for r, seconds in evaluated]
+    sim = simulate_like(llm, workload, hw, dtype_bytes, **overheads)
     return CalibrationReport(
-        hardware=hw, dtype_bytes=dtype_bytes, clock=clock, overhead=overhead,
-        overhead_per_token=per_token, fitted_on="fit run" if fit_run else "even steps",
-        steps=steps, median_error={p: _median_abs_error(steps, p) for p in PHASES},
+        hardware=hw, dtype_bytes=dtype_bytes, clock=clock, **overheads,
+        fitted_on="fit run" if fit_run else "even steps", steps=steps,
+        median_error={p: _median([abs(s.error) for s in steps if s.phase == p]) for p in PHASES},
+        median_bias={p: _median([s.error for s in steps if s.phase == p]) for p in PHASES},
         num_steps={p: sum(s.phase == p for s in steps) for p in PHASES},
         real_summary=summarize(r.metrics for r in run.requests),
         simulated_summary=sim.summary(), schedules_match=_schedule(sim.trace) == _schedule(
@@ -217,12 +330,13 @@ def calibrate(llm: LLM, workload: Workload, *, hw: roofline.Hardware | None = No
 
 
 def _fit(steps: Sequence[tuple[StepRecord, float]], llm: LLM, hw: roofline.Hardware,
-         dtype_bytes: int) -> tuple[float, float]:
-    """fit_overheads over (record, real seconds) pairs, each phase weighing the same."""
-    trace = [r for r, _ in steps]
-    return fit_overheads([seconds for _, seconds in steps],
-                         _roofline_times(trace, llm, hw, dtype_bytes),
-                         [r.num_tokens for r in trace], phase_weights(trace))
+         dtype_bytes: int) -> tuple[float, ...]:
+    """fit_overheads over (record, real seconds) pairs: each phase weighs the same, and within
+    a phase each step's error counts relative to the phase's median step."""
+    trace, seconds = [r for r, _ in steps], [t for _, t in steps]
+    return fit_overheads(seconds, [_modelled(r, llm, hw, dtype_bytes, {}) for r in trace],
+                         [step_terms(r) for r in trace], phase_weights(trace),
+                         phase_scales(trace, seconds))
 
 
 def at_time_zero(specs: Sequence[RequestSpec]) -> Workload:
@@ -231,22 +345,25 @@ def at_time_zero(specs: Sequence[RequestSpec]) -> Workload:
 
 
 def simulate_like(llm: LLM, workload: Workload, hw: roofline.Hardware, dtype_bytes: int,
-                  overhead: float = 0.0, overhead_per_token: float = 0.0) -> SimulationResult:
+                  overhead: float = 0.0, overhead_per_token: float = 0.0,
+                  overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0
+                  ) -> SimulationResult:
     """simulate() of workload with llm's model shape and every scheduling setting of its engine,
     KV pool size included, on hw."""
     c = llm.config
     return simulate(llm.model.config, hw, workload, dtype_bytes=dtype_bytes, overhead=overhead,
-                    overhead_per_token=overhead_per_token, block_size=c.block_size,
+                    overhead_per_token=overhead_per_token, overhead_per_seq=overhead_per_seq,
+                    overhead_per_pair=overhead_per_pair, block_size=c.block_size,
                     max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
                     enable_chunked_prefill=c.enable_chunked_prefill,
                     enable_prefix_caching=c.enable_prefix_caching, scheduling=c.scheduling,
                     num_kv_blocks=c.num_kv_blocks, max_model_len=c.max_model_len)
 
 
-def _roofline_times(trace: Sequence[StepRecord], llm: LLM, hw: roofline.Hardware,
-                    dtype_bytes: int) -> list[float]:
-    model = llm.model.config
-    return [roofline.step_time(model, hw, step_entries(r), dtype_bytes).time for r in trace]
+def _modelled(record: StepRecord, llm: LLM, hw: roofline.Hardware, dtype_bytes: int,
+              overheads: dict[str, float]) -> float:
+    return roofline.step_time(llm.model.config, hw, step_entries(record), dtype_bytes,
+                              **overheads).time
 
 
 def _schedule(trace: Sequence[StepRecord]) -> list[list[tuple[str, int, int]]]:
@@ -254,6 +371,5 @@ def _schedule(trace: Sequence[StepRecord]) -> list[list[tuple[str, int, int]]]:
     return [[(e.phase, e.num_tokens, e.num_computed_tokens) for e in r.scheduled] for r in trace]
 
 
-def _median_abs_error(steps: Sequence[StepComparison], phase: StepPhase) -> float:
-    errors = [abs(s.error) for s in steps if s.phase == phase]
-    return statistics.median(errors) if errors else math.nan
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan

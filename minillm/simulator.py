@@ -59,6 +59,7 @@ class SimulationResult:
 def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              workload: Workload | Sequence[RequestSpec], *,
              dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
+             overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
              gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
              **engine_kwargs: Any) -> SimulationResult:
     """Serve workload with the real scheduler on hw, timing each step with the roofline model.
@@ -67,8 +68,10 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     workload: open loop (arrival times honoured; a plain list of RequestSpec is one) or closed
     loop (workload.concurrency requests in flight, the next sent as one finishes).
     dtype_bytes: bytes per weight and KV element. overhead: seconds added to every step (launch
-    and framework time); overhead_per_token: seconds per new token of a step (both as in
-    roofline.step_time; minillm.calibration fits them on this CPU).
+    and framework time); overhead_per_token: seconds per new token of a step; overhead_per_seq:
+    seconds per request in a step; overhead_per_pair: seconds per attention (query, key) pair
+    (all as in roofline.step_time; minillm.calibration fits them on this machine, and
+    CalibrationReport.overheads() gives them as these keywords).
     engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
     pool is what gpu_memory_utilization of hw.memory leaves after the weights.
     record_block_tables=False leaves StepRecord.block_tables and cached_blocks empty, which saves
@@ -77,7 +80,8 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs)
-    sim = Simulator(mc, hardware, config, dtype_bytes, (overhead, overhead_per_token),
+    sim = Simulator(mc, hardware, config, dtype_bytes,
+                    (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
                     record_block_tables)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # millions of small objects and no cycles: collections would only rescan them
@@ -119,12 +123,14 @@ class Simulator:
     """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
 
     def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
-                 dtype_bytes: int = 2, overheads: tuple[float, float] = (0.0, 0.0),
+                 dtype_bytes: int = 2, overheads: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
                  record_block_tables: bool = True):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         self.model, self.hw, self.config = model, hw, config
         self.dtype_bytes = dtype_bytes
-        self.overhead, self.overhead_per_token = overheads  # seconds per step, per new token
+        # seconds per step, per new token, per request in the step, per attention pair
+        (self.overhead, self.overhead_per_token, self.overhead_per_seq,
+         self.overhead_per_pair) = (*overheads, 0.0, 0.0, 0.0, 0.0)[:4]
         self.record_block_tables = record_block_tables
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)
@@ -212,7 +218,8 @@ class Simulator:
                   if self.record_block_tables else {})
         batch = [(s.num_tokens, s.num_computed_tokens + s.num_tokens) for s in scheduled]
         cost = roofline.step_time(self.model, self.hw, batch, self.dtype_bytes, self.overhead,
-                                  self.overhead_per_token)
+                                  self.overhead_per_token, self.overhead_per_seq,
+                                  self.overhead_per_pair)
         end = self.clock = start + cost.time
         bm = self.block_manager
         for s in scheduled:
