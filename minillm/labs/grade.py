@@ -62,13 +62,17 @@ def execute(nb: nbformat.NotebookNode, folder: Path, results: Path, timeout: int
     """Run every cell in a fresh kernel started in folder; the errors of the cells that raised."""
     from nbclient import NotebookClient  # nbclient comes with jupyter (the [book] extra)
 
-    kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel, allow_errors=True,
+    # "python3" is this Python's own kernel, whatever kernel name the student's notebook saved:
+    # the notebook is graded against the minillm (and graders) installed here.
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(folder)}})
     previous = os.environ.get(RESULTS_ENV)
     os.environ[RESULTS_ENV] = str(results)  # the kernel inherits the environment
+    stopped = []
     try:
         client.execute()
+    except Exception as err:  # a cell ran past timeout, or the kernel died: grade what ran
+        stopped.append(f"the run stopped: {type(err).__name__}: {err}")
     finally:
         if previous is None:
             del os.environ[RESULTS_ENV]
@@ -79,7 +83,7 @@ def execute(nb: nbformat.NotebookNode, folder: Path, results: Path, timeout: int
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 errors.append(f"cell {number}: {output['ename']}: {output['evalue']}")
-    return errors
+    return errors + stopped
 
 
 def grade_notebook(path: str | Path, timeout: int = 600) -> tuple[list[Result], list[str]]:
@@ -103,7 +107,8 @@ def grade_notebook(path: str | Path, timeout: int = 600) -> tuple[list[Result], 
         title = EXERCISES[exercise_id].title if exercise_id in EXERCISES else "unknown exercise"
         entry = verdicts.get(exercise_id)
         if entry is None:
-            where = ("its check(...) cell did not run to the end" if exercise_id in graded
+            where = ("its check(...) call did not run (an error or a timeout came first)"
+                     if exercise_id in graded
                      else f'the notebook never calls check("{exercise_id}", ...)')
             rows.append(Result(exercise_id, title, "not run", where))
         else:
