@@ -1,4 +1,8 @@
-"""Graded exercises of chapter 00 (a tour of minillm)."""
+"""Graded exercises of chapter 00 (a tour of minillm).
+
+00.3 runs the reader's step loop on a real engine (the shipped model, two seats) and compares
+every token, the order of the outputs and the freed KV pool with what LLM.generate gives.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +54,83 @@ def grade_blocks_needed(blocks_needed: Any) -> str:
     return "a sequence holds ceil(tokens / block_size) blocks; only its last one is partly empty"
 
 
+SERVE_SEATS, SERVE_BLOCKS = 2, 32
+SERVE_PROMPTS = [[1 + (5 * i + 3 * j) % 3000 for j in range(n)]
+                 for i, n in enumerate([9, 30, 4, 17, 12, 25])]
+SERVE_MAX_TOKENS = [6, 3, 8, 2, 5, 4]  # different lengths: requests finish out of prompt order
+
+
+def _serve_engine() -> Any:
+    from minillm import LLM
+
+    return LLM(max_num_seqs=SERVE_SEATS, num_kv_blocks=SERVE_BLOCKS, device="cpu")
+
+
+def _serve_params() -> list[Any]:
+    from minillm import SamplingParams
+
+    return [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+            for n in SERVE_MAX_TOKENS]
+
+
+def _check_served(got: Any, want: list[Any], llm: Any, num_steps: int) -> None:
+    n = len(want)
+    assert got is not None, "serve returned None: return a list of RequestOutput, one per prompt"
+    assert isinstance(got, (list, tuple)), f"return a list of RequestOutput, got {type(got)!r}"
+    assert not llm.engine.has_unfinished_requests(), (
+        f"your loop returned while requests were still unfinished: with {SERVE_SEATS} seats, "
+        "requests wait for a seat, so serving them takes more steps than max_tokens; step until "
+        "engine.has_unfinished_requests() is False")
+    assert len(got) == n, (
+        f"{n} prompts went in and {len(got)} outputs came back: return one output per prompt"
+        + (" (did you add every request with engine.add_request before stepping?)"
+           if len(got) == 0 else ""))
+    for i, out in enumerate(got):
+        assert hasattr(out, "token_ids") and hasattr(out, "finished"), (
+            f"output {i} is a {type(out).__name__}, not a RequestOutput (engine.step() returns "
+            "RequestOutput objects)")
+    unfinished = [i for i, out in enumerate(got) if not out.finished]
+    assert not unfinished, (
+        f"outputs {unfinished} are not finished: keep the last output of each request, and step "
+        f"until engine.has_unfinished_requests() is False (with {SERVE_SEATS} seats, requests "
+        "wait for a seat, so serving them takes more steps than max_tokens)")
+    tokens = [list(o.token_ids) for o in got]
+    wanted = [list(w.token_ids) for w in want]
+    for i, (g, w) in enumerate(zip(tokens, wanted)):
+        if g == w:
+            continue
+        if g in wanted:
+            raise AssertionError(
+                f"output {i} holds the tokens of prompt {wanted.index(g)}: return the outputs in "
+                "prompt order, not in the order requests finished (match them by request_id)")
+        raise AssertionError(f"prompt {i}: generate gives {w}, your loop gave {g}")
+    free = llm.stats()["num_free_blocks"]
+    assert free == SERVE_BLOCKS, f"after serving, {SERVE_BLOCKS - free} KV blocks are still held"
+    assert len(llm.trace) == num_steps, (
+        f"your loop ran {len(llm.trace)} engine steps where generate runs {num_steps}: call "
+        "engine.step() only while engine.has_unfinished_requests()")
+
+
+def grade_serve(serve: Any) -> str:
+    expect_callable(serve, "serve(engine, prompts, params) -> list of RequestOutput")
+    import torch
+
+    from minillm import machine
+
+    threads = torch.get_num_threads()
+    machine.settle_threads()
+    try:
+        reference = _serve_engine()
+        want = reference.generate(SERVE_PROMPTS, _serve_params(), use_tqdm=False)
+        llm = _serve_engine()
+        got = serve(llm.engine, [list(p) for p in SERVE_PROMPTS], _serve_params())
+        _check_served(got, want, llm, len(reference.trace))
+    finally:
+        torch.set_num_threads(threads)
+    return (f"your loop served {len(SERVE_PROMPTS)} requests through {SERVE_SEATS} seats in "
+            f"{len(llm.trace)} engine steps, token for token as generate, and freed every block")
+
+
 EXERCISES = [
     Exercise("00.1", "TPOT from a request's timestamps",
              "Write tpot(metrics) -> seconds per output token after the first, from "
@@ -57,4 +138,8 @@ EXERCISES = [
     Exercise("00.2", "KV blocks a sequence needs",
              "Write blocks_needed(num_tokens, block_size) -> the number of KV blocks a "
              "sequence of num_tokens tokens occupies.", grade_blocks_needed),
+    Exercise("00.3", "The step loop of generate",
+             "Write serve(engine, prompts, params) -> one finished RequestOutput per prompt, in "
+             "prompt order, by adding the requests and calling engine.step() until all finish.",
+             grade_serve),
 ]
