@@ -10,7 +10,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.labs import check
 from minillm.labs.ch05 import use_admission_policy
-from minillm.labs.solutions.ch05 import seats_to_fill
+from minillm.labs.solutions.ch05 import MODEL_ANSWERS, seats_to_fill
 
 
 def static_sorted(lens: list[int], b: int) -> int:
@@ -65,3 +65,9 @@ def test_an_in_between_policy_runs_in_the_engine() -> None:
         steps[name] = len(llm.trace)
     assert steps["continuous"] <= steps["between"] <= steps["static"]
     assert steps["continuous"] < steps["static"]
+
+
+@pytest.mark.ch05
+def test_the_open_ended_exercise_has_a_model_answer() -> None:
+    assert sorted(MODEL_ANSWERS) == ["05.3"]
+    assert "Rubric" in MODEL_ANSWERS["05.3"]
