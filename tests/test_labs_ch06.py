@@ -6,9 +6,13 @@ import math
 
 import pytest
 
+from minillm import models
 from minillm.labs import check
-from minillm.labs.ch06 import CHUNK_CASES, scheduler_chunks
-from minillm.labs.solutions.ch06 import chunk_schedule
+from minillm.labs.ch06 import BUDGET_WORKLOAD, CHUNK_CASES, BudgetScheduler, scheduler_chunks
+from minillm.labs.solutions.ch06 import MODEL_ANSWERS, chunk_schedule, step_budget
+from minillm.roofline import get_hardware, prefill_crossover
+from minillm.simulator import Simulator, resolve_config
+from minillm.workload import RequestSpec
 
 
 def ignores_decodes(p: int, b: int, d: int) -> list[int]:
@@ -56,3 +60,43 @@ def test_prefill_ttft_wrong_answers_are_named(wrong, hint: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert check("06.2", wrong) is False
     assert hint in capsys.readouterr().out
+
+
+@pytest.mark.ch06
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda d, cap, most: min(cap, most), "nobody waits on this step"),
+    (lambda d, cap, most: most, "cap the step"),
+    (lambda d, cap, most: most if d == 0 else min(most, cap - d), "the decodes' tokens included"),
+    (lambda d, cap, most: most if d == 0 else min(most, cap), "cannot even hold the decodes"),
+    (lambda d, cap, most: most if d == 0 else max(cap, d + 1), "never more than max_budget"),
+])
+def test_step_budget_wrong_answers_are_named(wrong, hint: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert check("06.3", wrong) is False
+    assert hint in capsys.readouterr().out
+
+
+@pytest.mark.ch06
+def test_a_step_budget_runs_in_the_real_scheduler() -> None:
+    """The reference policy serves every request, and no step that carries a decode holds more
+    than the crossover (unless the decodes alone do), while a prompt alone takes the budget."""
+    model, hw = models.get("llama-3-8b"), get_hardware("H100-SXM")
+    cap = prefill_crossover(model, hw)
+    config = resolve_config(model, hw, 2, 0.9, dict(max_num_batched_tokens=8192))
+    sim = Simulator(model, hw, config, record_block_tables=False)
+    sim.scheduler = BudgetScheduler(config, sim.block_manager, step_budget, cap)
+    requests = sim.run(BUDGET_WORKLOAD)
+    assert all(r.is_finished for r in requests)
+    for rec in sim.trace:
+        decodes = sum(e.phase == "decode" for e in rec.scheduled)
+        assert rec.num_tokens <= (max(cap, decodes + 1) if decodes else 8192)
+    alone = Simulator(model, hw, config, record_block_tables=False)
+    alone.scheduler = BudgetScheduler(config, alone.block_manager, step_budget, cap)
+    alone.run([RequestSpec(0.0, 5000, 4)])
+    assert alone.trace[0].num_tokens == 5000, "a prompt alone goes in one step: nobody waits"
+
+
+@pytest.mark.ch06
+def test_open_ended_exercises_have_model_answers() -> None:
+    assert sorted(MODEL_ANSWERS) == ["06.4", "06.5"]
+    assert all("Rubric" in answer for answer in MODEL_ANSWERS.values())

@@ -2,7 +2,8 @@
 
 06.1 is checked against the engine's own Scheduler: the expected chunks are what it schedules
 for a long prompt that arrives while num_decodes requests are decoding (run on the simulator's
-virtual clock, so no model is needed).
+virtual clock, so no model is needed). 06.3 plugs the reader's per-step token budget into that
+Scheduler (BudgetScheduler) and serves a workload with it on the simulator.
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from minillm import models
+from minillm.config import EngineConfig
+from minillm.kv_cache import BlockManager
 from minillm.labs.exercise import Exercise, close, expect_callable
-from minillm.simulator import simulate
-from minillm.workload import RequestSpec
+from minillm.roofline import get_hardware, prefill_crossover
+from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.simulator import Simulator, resolve_config, simulate
+from minillm.workload import Mixture, RequestSpec, poisson
 
 CHUNK_CASES = [(1024, 128, 8), (1000, 256, 0), (100, 512, 8), (2048, 2048, 4), (640, 128, 0),
                (300, 40, 32), (7, 9, 8)]
@@ -120,6 +126,119 @@ def grade_prefill_ttft(prefill_ttft: Any) -> str:
             "step's fixed cost many times, which is the TTFT side of the trade-off")
 
 
+
+# 06.3: a per-step token budget, plugged into the real scheduler on the simulator's clock.
+
+StepBudget = Callable[[int, int, int], int]  # (num_decodes, step_cap, max_budget) -> tokens
+
+
+class BudgetScheduler(Scheduler):
+    """The engine's chunked-prefill scheduler, except that a policy sets each step's token
+    budget: policy(num_decodes, step_cap, max_budget), num_decodes the running requests past
+    their prompt. Everything else (decodes first, chunks, admission, KV blocks) is Scheduler's.
+    """
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, policy: StepBudget,
+                 step_cap: int):
+        assert config.scheduling == "continuous" and config.enable_chunked_prefill
+        super().__init__(config, block_manager)
+        self.policy, self.step_cap = policy, step_cap
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        num_decodes = sum(not req.is_prefill for req in self.running)
+        max_budget = self.config.max_num_batched_tokens
+        budget = self.policy(num_decodes, self.step_cap, max_budget)
+        assert isinstance(budget, int) and not isinstance(budget, bool), (
+            f"return the step's budget as an int, got {budget!r:.80}")
+        assert 1 <= budget <= max_budget, (
+            f"{num_decodes} decodes, step_cap={self.step_cap}, max_budget={max_budget}: a budget "
+            f"must be between 1 and max_budget, you returned {budget}")
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+
+def reference_step_budget(num_decodes: int, step_cap: int, max_budget: int) -> int:
+    if num_decodes == 0:
+        return max_budget
+    return min(max_budget, max(step_cap, num_decodes + 1))
+
+
+BUDGET_CASES = [(0, 318, 8192), (32, 318, 8192), (1, 318, 8192), (8, 128, 2048), (0, 128, 2048),
+                (317, 318, 8192), (318, 318, 8192), (400, 318, 8192), (16, 512, 256),
+                (0, 512, 256), (300, 512, 256)]
+
+
+def budget_hint(got: Any, num_decodes: int, step_cap: int, max_budget: int) -> str:
+    """Name the usual mistake behind a wrong budget, or ''."""
+    if num_decodes == 0 and got == min(step_cap, max_budget):
+        return (" (no request is decoding, so nobody waits on this step: give the prompts the "
+                "whole max_budget and their first token comes sooner)")
+    if num_decodes and got == max_budget and max_budget > max(step_cap, num_decodes + 1):
+        return (" (while requests decode, every token past step_cap makes their next token "
+                "later: cap the step)")
+    if num_decodes and got == step_cap - num_decodes:
+        return (" (the budget is the whole step, the decodes' tokens included: the step may "
+                "hold step_cap tokens)")
+    if num_decodes >= step_cap and got == min(step_cap, max_budget):
+        return (" (with num_decodes >= step_cap a budget of step_cap cannot even hold the "
+                "decodes: leave a token for each decode and one for the prompts)")
+    if got == max(step_cap, num_decodes + 1) and got > max_budget:
+        return " (never more than max_budget, the engine's max_num_batched_tokens)"
+    return ""
+
+
+def grade_step_budget(step_budget: Any) -> str:
+    expect_callable(step_budget, "step_budget(num_decodes, step_cap, max_budget) -> tokens")
+    for num_decodes, step_cap, max_budget in BUDGET_CASES:
+        got = step_budget(num_decodes, step_cap, max_budget)
+        assert got is not None, "step_budget returned None"
+        want = reference_step_budget(num_decodes, step_cap, max_budget)
+        assert got == want, (
+            f"{num_decodes} requests decoding, step_cap={step_cap}, max_budget={max_budget}: the "
+            f"budget is {want}, you returned {got!r:.80}"
+            f"{budget_hint(got, num_decodes, step_cap, max_budget)}")
+    return _grade_in_simulator(step_budget)
+
+
+def _serve(policy: StepBudget | None, budget: int) -> tuple[float, float, list[int]]:
+    """Serve BUDGET_WORKLOAD on Llama-3-8B / H100-SXM with the real scheduler, a fixed budget
+    or policy's per step (step_cap: the prefill crossover). Returns (worst ITL s, mean TTFT s
+    of the long prompts, tokens of each step)."""
+    model, hw = models.get("llama-3-8b"), get_hardware("H100-SXM")
+    config = resolve_config(model, hw, 2, 0.9, dict(max_num_batched_tokens=budget,
+                                                    enable_chunked_prefill=True))
+    sim = Simulator(model, hw, config, record_block_tables=False)
+    if policy is not None:
+        sim.scheduler = BudgetScheduler(config, sim.block_manager, policy,
+                                        prefill_crossover(model, hw))
+    requests = sim.run(BUDGET_WORKLOAD)
+    worst_itl = max(gap for r in requests for gap in r.metrics.itl)
+    long_ttft = [r.metrics.ttft for r in requests if len(r.prompt_token_ids) > 2048]
+    return worst_itl, sum(long_ttft) / len(long_ttft), [rec.num_tokens for rec in sim.trace]
+
+
+BUDGET_WORKLOAD = poisson(60, 10.0, Mixture([(0.85, (128, 512)), (0.15, (4000, 7000))]),
+                          (64, 256), seed=1)
+
+
+def _grade_in_simulator(step_budget: StepBudget) -> str:
+    mine = _serve(step_budget, 8192)
+    reference = _serve(reference_step_budget, 8192)
+    assert mine[2] == reference[2], (
+        "in the simulator your policy scheduled different steps from the reference: "
+        f"{len(mine[2])} steps, against {len(reference[2])}")
+    fixed = {budget: _serve(None, budget) for budget in (512, 8192)}
+    ms = 1e3
+    return (f"in the real scheduler (Llama-3-8B on H100-SXM, modelled), your per-step budget "
+            f"gave a worst ITL of {mine[0] * ms:.1f} ms and a long-prompt TTFT of "
+            f"{mine[1] * ms:.0f} ms; a fixed budget of 512: {fixed[512][0] * ms:.1f} ms and "
+            f"{fixed[512][1] * ms:.0f} ms; of 8192: {fixed[8192][0] * ms:.1f} ms and "
+            f"{fixed[8192][1] * ms:.0f} ms")
+
+
 EXERCISES = [
     Exercise("06.1", "Chunk a prompt under the token budget",
              "Write chunk_schedule(prompt_len, budget, num_decodes) -> the prefill chunk sizes, "
@@ -129,4 +248,8 @@ EXERCISES = [
              "Write prefill_ttft(prompt_len, budget, num_decodes, step_time) -> seconds to the "
              "first token when a step of n tokens costs step_time(n) seconds.",
              grade_prefill_ttft),
+    Exercise("06.3", "A per-step budget that rides free",
+             "Write step_budget(num_decodes, step_cap, max_budget) -> this step's token budget: "
+             "max_budget when nobody is decoding, else step_cap (never less than the decodes "
+             "plus one token, never more than max_budget).", grade_step_budget),
 ]
