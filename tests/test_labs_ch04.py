@@ -109,3 +109,11 @@ def test_grow_table_is_checked_inside_the_engine(capsys: pytest.CaptureFixture[s
 
     assert check("04.3", reuses_block_zero) is False
     assert "two requests would write into one block" in capsys.readouterr().out
+
+
+@pytest.mark.ch04
+def test_the_open_ended_exercise_has_a_model_answer_and_a_rubric() -> None:
+    from minillm.labs.solutions.ch04 import MODEL_ANSWERS
+
+    assert sorted(MODEL_ANSWERS) == ["04.4"]
+    assert "Rubric" in MODEL_ANSWERS["04.4"] and "| 16 | 2.3% | 20.5 |" in MODEL_ANSWERS["04.4"]
