@@ -8,29 +8,37 @@ two whole schedules, isolates the cost model from queueing: the report gives the
 relative error |modelled - real| / real per kind of step, "prefill" (only prefill chunks),
 "decode" (only decodes) and "mixed" (both), and its median sign (the bias). Then it simulates
 the whole workload with the fitted overheads beside the real run and compares what a reader
-quotes: TTFT and TPOT at p50 and p99 (RequestComparison). Both levels are needed. A step-level
-median hides a bias per phase, and an open-loop run amplifies one: a decode slowed by long
-prefill chunks waits about 1 / (1 - prefill utilisation) times its own step time, so a 25% error
-in a prefill chunk's price can halve a TPOT near saturation, while throughput, which the arrival
-rate sets, agrees anyway.
+quotes: TTFT and TPOT at p50 and p99 (RequestComparison). Both levels are needed: a step median
+counts every step once, while a request's TPOT counts a step once per request in it, so the
+large batches weigh the most in TPOT and the least in the median. With only a per-step and a
+per-token overhead, fitted on this CPU, decode steps of one request came out right (+5%,
+median) and steps of 3, 4 and 5+ requests 34%, 42% and 51% too cheap; the median decode error
+stayed at ~20%, yet TPOT p50 came out at 0.63x the real one (six runs of bench simulate's
+workload, 0.52-0.76x). Replaying the real schedule with modelled step times gave 0.79x: the
+rest comes from open-loop feedback (a decode window that the model shortens also catches fewer
+of the next requests' prefill chunks). Throughput agreed all along: an open loop below capacity
+finishes when its last request arrives, whatever the steps cost.
 
-The overheads are what no roofline counts, fitted by nonnegative least squares on the relative
-error, each phase weighing the same: seconds per step (Python, framework, kernel launches), per
-new token (norms, rotary embeddings, small ops below peak), per request in the step (its batch
-metadata, sampling, a per-request attention call) and per attention (query, key) pair (the
-PyTorch reference materialises the score matrix, a fused kernel does not). A per-step and
-per-token model alone cannot price both a decode of 8 requests (8 tokens, 8 requests) and a
-256-token prefill chunk (256 tokens, 1 request, 33k pairs): fitted on both, it under-prices the
-first and over-prices the second. Errors are always measured on steps the fit did not see: by
-default the fit uses the even-numbered steps of the run and the report the odd ones, so that
-both halves share whatever load the machine carries as it drifts; with fit_workload, the fit
-uses a separate run and the report every step of this one.
+The overheads are what no roofline counts, fitted by nonnegative least squares, each phase
+weighing the same and each step's error counted against its phase's median step (a per-step
+relative error pulls every fit low, since an over-estimate of a fast step costs more than the
+same under-estimate): seconds per step (Python, framework, kernel launches), per new token
+(norms, rotary embeddings, small ops below peak), per request in the step (its batch metadata,
+sampling, and on a CPU above all its attention call: the reference backend's masked,
+grouped-query attention and the gather of its blocks) and per attention (query, key) pair (the
+PyTorch reference materialises the score matrix, a fused kernel does not). Errors are always
+measured on steps the fit did not see: by default the fit uses the even-numbered steps of the
+run and the report the odd ones, so that both halves share whatever load the machine carries
+as it drifts; with fit_workload, the fit uses a separate run and the report every step of this
+one.
 
 clock="wall" runs and times everything on time.perf_counter. clock="cpu" runs the real engine
 on the CPU time of its thread instead (plus the idle time it skips while waiting for the next
 arrival): requests arrive, steps are timed and token times are stamped on that clock, which
-other jobs on a shared machine cannot inflate (with one torch thread, every op of a step runs
-on that thread). The run is then the one a machine of its own would have served.
+other jobs on a shared machine inflate far less than the wall clock (they still share its
+caches and memory bandwidth; with one torch thread, every op of a step runs on that thread).
+The run is then close to the one a machine of its own would have served. On a GPU use "wall":
+a thread waiting for the GPU is not running.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import numpy as np
 import torch
 
 from minillm import roofline
+from minillm.engine import Engine
 from minillm.llm import LLM
 from minillm.metrics import Summary, summarize
 from minillm.request import Request
@@ -216,7 +225,7 @@ def run_real(llm: LLM, workload: Workload, clock: Clock = "wall") -> RealRun:
         engine.clock = saved
 
 
-def _serve(engine, workload: Workload, vocab: int, now: Callable[[], float],
+def _serve(engine: Engine, workload: Workload, vocab: int, now: Callable[[], float],
            cpu: CpuClock | None) -> RealRun:
     pending = deque(sorted(workload, key=lambda spec: spec.arrival_time))
     requests: list[Request] = []
