@@ -69,6 +69,22 @@ def test_stand_in_lets_a_missing_widget_library_import(monkeypatch: pytest.Monke
     assert Widget().changed() == "kept"
 
 
+def test_stand_in_has_no_dunders_for_inspect(monkeypatch: pytest.MonkeyPatch) -> None:
+    # inspect.getmodule walks sys.modules reading __file__ (torchvision's registrations do, on
+    # import): a stand-in must not answer it with a stand-in.
+    import inspect
+
+    name = "minillm_no_such_widget_library"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    chapters._stand_in_for_missing([name])
+    try:
+        assert getattr(sys.modules[name], "__file__", None) is None
+        assert not hasattr(sys.modules[name].Anything(), "__wrapped__")
+        assert inspect.getmodule(chapters.run_chapter.__code__) is chapters  # walks sys.modules
+    finally:
+        sys.modules.pop(name)
+
+
 def test_the_chapters_are_found_in_order() -> None:
     names = [p.stem for p in chapters.chapter_paths()]
     assert names[:3] == ["00_tour", "01_prefill_vs_decode", "02_roofline"]

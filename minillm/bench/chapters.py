@@ -89,7 +89,15 @@ class _StandIn:
         return args[0] if len(args) == 1 and callable(args[0]) else _StandIn()
 
     def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):  # no __file__, __wrapped__...: inspect must not be fooled
+            raise AttributeError(name)
         return _StandIn()
+
+
+def _module_attribute(name: str) -> type[_StandIn]:
+    if name.startswith("__"):  # inspect.getmodule reads every module's __file__
+        raise AttributeError(name)
+    return _StandIn
 
 
 def _stand_in_for_missing(names: list[str]) -> list[str]:
@@ -100,7 +108,7 @@ def _stand_in_for_missing(names: list[str]) -> list[str]:
             __import__(name)
         except ImportError:
             module = types.ModuleType(name)
-            module.__getattr__ = lambda attr: _StandIn  # type: ignore[method-assign]
+            module.__getattr__ = _module_attribute  # type: ignore[method-assign]
             sys.modules[name] = module
             missing.append(name)
     return missing
