@@ -24,6 +24,7 @@ Module map (one concept each):
     serving.py       replay a workload in real time; vLLM-style report, goodput under an SLO
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
     calibration.py   fit the simulator's step overheads to this machine and report its error
+    real_run.py      a workload served on the real engine in real time (wall or CPU clock)
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
     machine.py       describe() / settle_threads(): the hardware a chapter measured on
     train/           the training script of the shipped tiny model (python -m minillm.train)

@@ -32,13 +32,7 @@ run and the report the odd ones, so that both halves share whatever load the mac
 as it drifts; with fit_workload, the fit uses a separate run and the report every step of this
 one.
 
-clock="wall" runs and times everything on time.perf_counter. clock="cpu" runs the real engine
-on the CPU time of its thread instead (plus the idle time it skips while waiting for the next
-arrival): requests arrive, steps are timed and token times are stamped on that clock, which
-other jobs on a shared machine inflate far less than the wall clock (they still share its
-caches and memory bandwidth; with one torch thread, every op of a step runs on that thread).
-The run is then close to the one a machine of its own would have served. On a GPU use "wall":
-a thread waiting for the GPU is not running.
+The real run and its clocks ("wall", "cpu") live in minillm.real_run.
 """
 
 from __future__ import annotations
@@ -47,9 +41,7 @@ import dataclasses
 import itertools
 import math
 import statistics
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,17 +49,14 @@ import numpy as np
 import torch
 
 from minillm import roofline
-from minillm.engine import Engine
 from minillm.llm import LLM
 from minillm.metrics import Summary, summarize
-from minillm.request import Request
-from minillm.sampling import SamplingParams
+from minillm.real_run import Clock, run_real
 from minillm.simulator import SimulationResult, simulate
 from minillm.trace import StepRecord
 from minillm.workload import RequestSpec, Workload
 
 StepPhase = Literal["prefill", "decode", "mixed"]
-Clock = Literal["wall", "cpu"]
 PHASES: tuple[StepPhase, ...] = ("prefill", "decode", "mixed")
 OVERHEAD_TERMS = ("overhead", "overhead_per_token", "overhead_per_seq", "overhead_per_pair")
 REQUEST_METRICS = (("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"), ("tpot", "p99"))
@@ -178,77 +167,6 @@ def step_terms(record: StepRecord) -> tuple[int, int, int, int]:
     """What each overhead multiplies: (1 step, new tokens, requests, attention pairs)."""
     entries = step_entries(record)
     return 1, record.num_tokens, len(entries), roofline.attention_pairs(entries)
-
-
-class CpuClock:
-    """Seconds of this thread's CPU time since creation, plus the idle time skip() adds: the
-    clock of a machine that runs nothing but this thread."""
-
-    def __init__(self) -> None:
-        self.origin, self.skipped = time.thread_time(), 0.0
-
-    def __call__(self) -> float:
-        return time.thread_time() - self.origin + self.skipped
-
-    def skip(self, seconds: float) -> None:
-        self.skipped += seconds
-
-
-@dataclass(frozen=True)
-class RealRun:
-    """A workload served by the real engine: its Requests (metrics on the run's clock), its new
-    trace records, and the seconds each engine.step() call took on that clock (the step plus
-    the bookkeeping after it that the StepRecord does not time, i.e. the gap to the next step)."""
-
-    requests: list[Request]
-    trace: list[StepRecord]
-    step_times: list[float]
-
-    def durations(self, clock: Clock | None = None) -> list[float]:
-        """Seconds per step on the run's clock (the argument is kept for older callers)."""
-        return list(self.step_times)
-
-
-def run_real(llm: LLM, workload: Workload, clock: Clock = "wall") -> RealRun:
-    """Serve an open-loop workload on the real engine, queueing each request once its arrival
-    time (seconds from the start) has passed on the clock ("wall" or "cpu", see the module)."""
-    if workload.concurrency is not None:
-        raise ValueError("calibration runs open-loop workloads; got a closed loop of "
-                         f"concurrency {workload.concurrency}")
-    engine, vocab = llm.engine, llm.model.config.vocab_size
-    cpu = CpuClock() if clock == "cpu" else None
-    now: Callable[[], float] = cpu or time.perf_counter
-    saved, engine.clock = engine.clock, now
-    try:
-        return _serve(engine, workload, vocab, now, cpu)
-    finally:
-        engine.clock = saved
-
-
-def _serve(engine: Engine, workload: Workload, vocab: int, now: Callable[[], float],
-           cpu: CpuClock | None) -> RealRun:
-    pending = deque(sorted(workload, key=lambda spec: spec.arrival_time))
-    requests: list[Request] = []
-    step_times: list[float] = []
-    first, start = len(engine.trace), now()
-    while pending or engine.has_unfinished_requests():
-        elapsed = now() - start
-        while pending and pending[0].arrival_time <= elapsed:
-            spec = pending.popleft()
-            params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
-            request_id = engine.add_request(spec.token_ids(vocab), params,
-                                            arrival_time=start + spec.arrival_time)
-            requests.append(engine.requests[request_id])
-        if engine.has_unfinished_requests():
-            steps, before = len(engine.trace), now()
-            engine.step()
-            if len(engine.trace) > steps:  # a step that only preempts leaves no record
-                step_times.append(now() - before)
-        elif cpu is not None:  # idle on the CPU clock: jump to the next arrival
-            cpu.skip(pending[0].arrival_time - elapsed)
-        else:
-            time.sleep(pending[0].arrival_time - elapsed)
-    return RealRun(requests, engine.trace[first:], step_times)
 
 
 def fit_overheads(real: Sequence[float], modelled: Sequence[float],

@@ -23,9 +23,9 @@ from minillm.calibration import (
     calibrate,
     fit_overheads,
     phase_weights,
-    run_real,
     step_terms,
 )
+from minillm.real_run import run_real
 from minillm.simulator import simulate
 from minillm.trace import ScheduledEntry, StepRecord
 from minillm.workload import RequestSpec, Workload
