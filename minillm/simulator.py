@@ -56,11 +56,17 @@ class SimulationResult:
         return summarize((o.metrics for o in self.outputs), slo)
 
 
+# A step's cost model: (model, hw, entries, dtype_bytes, overhead, per token, per request,
+# per attention pair) -> roofline.StepCost, as roofline.step_time.
+StepTimer = Callable[..., roofline.StepCost]
+
+
 def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              workload: Workload | Sequence[RequestSpec], *,
              dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
              overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
              gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
+             step_time: StepTimer = roofline.step_time,
              **engine_kwargs: Any) -> SimulationResult:
     """Serve workload with the real scheduler on hw, timing each step with the roofline model.
 
@@ -74,6 +80,8 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     CalibrationReport.overheads() gives them as these keywords).
     engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
     pool is what gpu_memory_utilization of hw.memory leaves after the weights.
+    step_time: the cost model that prices each step, called as roofline.step_time is (swap in
+    your own to see what it does to TTFT and TPOT).
     record_block_tables=False leaves StepRecord.block_tables and cached_blocks empty, which saves
     time and memory on runs of thousands of requests.
     """
@@ -82,7 +90,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs)
     sim = Simulator(mc, hardware, config, dtype_bytes,
                     (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
-                    record_block_tables)
+                    record_block_tables, step_time)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # millions of small objects and no cycles: collections would only rescan them
     try:
@@ -124,7 +132,7 @@ class Simulator:
 
     def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
                  dtype_bytes: int = 2, overheads: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
-                 record_block_tables: bool = True):
+                 record_block_tables: bool = True, step_time: StepTimer = roofline.step_time):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         self.model, self.hw, self.config = model, hw, config
         self.dtype_bytes = dtype_bytes
@@ -132,6 +140,7 @@ class Simulator:
         (self.overhead, self.overhead_per_token, self.overhead_per_seq,
          self.overhead_per_pair) = (*overheads, 0.0, 0.0, 0.0, 0.0)[:4]
         self.record_block_tables = record_block_tables
+        self.step_time = step_time
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
@@ -217,9 +226,9 @@ class Simulator:
         tables = ({s.request.request_id: list(s.request.block_table) for s in scheduled}
                   if self.record_block_tables else {})
         batch = [(s.num_tokens, s.num_computed_tokens + s.num_tokens) for s in scheduled]
-        cost = roofline.step_time(self.model, self.hw, batch, self.dtype_bytes, self.overhead,
-                                  self.overhead_per_token, self.overhead_per_seq,
-                                  self.overhead_per_pair)
+        cost = self.step_time(self.model, self.hw, batch, self.dtype_bytes, self.overhead,
+                              self.overhead_per_token, self.overhead_per_seq,
+                              self.overhead_per_pair)
         end = self.clock = start + cost.time
         bm = self.block_manager
         for s in scheduled:

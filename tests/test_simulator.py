@@ -215,3 +215,15 @@ def test_the_simulate_benchmark_runs_every_part_small(capsys: pytest.CaptureFixt
     for part in ("(a)", "(b)", "(c)", "(d)", "wall time", "continuous", "knee", "median |error|",
                  "TPOT p99", "simulated / real"):
         assert part in out
+
+
+def test_a_cost_model_of_ones_own_prices_every_step() -> None:
+    def one_ms(model, hw, entries, *args, **kwargs):  # every step costs exactly 1 ms
+        ref = roofline.step_time(model, hw, entries, *args, **kwargs)
+        return roofline.StepCost(ref.flops, ref.bytes, ref.compute_time, ref.memory_time,
+                                 0.0, 1e-3)
+
+    work = workload.poisson(8, float("inf"), prompt_len=64, output_len=8, seed=0)
+    result = simulate("llama-3-8b", "H100-SXM", work, step_time=one_ms)
+    assert {round(rec.end - rec.start, 9) for rec in result.trace} == {1e-3}
+    assert result.summary().duration == pytest.approx(1e-3 * len(result.trace))

@@ -8,9 +8,7 @@ step of a real engine run with chunked prefill (prefill chunks, decodes and mixe
 
 from __future__ import annotations
 
-import types
 from typing import Any
-from unittest import mock
 
 from minillm.labs.exercise import Exercise, close, expect_callable
 
@@ -122,16 +120,15 @@ def _simulated_with(roofline_time: Any) -> tuple[list[tuple[str, float, float]],
 
     work = wl.poisson(16, 40.0, prompt_len=(50, 900), output_len=(4, 40), seed=2)
 
-    def run() -> tuple[list[tuple[str, float, float]], int]:
+    def run(step_time: Any) -> tuple[list[tuple[str, float, float]], int]:
         result = simulator.simulate("llama-3-8b", "H100-SXM", work, max_num_batched_tokens=512,
-                                    max_num_seqs=8, record_block_tables=False)
+                                    max_num_seqs=8, record_block_tables=False,
+                                    step_time=step_time)
         return ([(o.request_id, o.metrics.ttft, o.metrics.tpot) for o in result.outputs],
                 len(result.trace))
 
-    shim = types.SimpleNamespace(**{**vars(roofline), "step_time": priced})
-    with mock.patch.object(simulator, "roofline", shim):
-        mine, _ = run()
-    ref, steps = run()
+    mine, _ = run(priced)
+    ref, steps = run(roofline.step_time)
     return mine, ref, steps
 
 
