@@ -107,7 +107,8 @@ class Engine:
         vocab = self.model.config.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
+                             f"[0, {vocab})")
         return token_ids
 
     def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:

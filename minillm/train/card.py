@@ -35,14 +35,28 @@ def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, out: Path) -> No
     GenerationConfig(**ids, pad_token_id=tok.pad_token_id).save_pretrained(out)
 
 
+# A conversation written as a play, the only text the model knows: each turn is a speech under
+# its speaker's name, a system message is a stage direction. minillm serve's chat endpoint uses it.
+CHAT_TEMPLATE = (
+    "{# A conversation written as a play: each turn a speech under its speaker's name, a system "
+    "message a stage direction. #}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}[{{ m['content'] }}]\n\n"
+    "{% else %}{{ m['role'] | upper }}.\n{{ m['content'] }}\n\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT.\n{% endif %}")
+
+
 def name_tokenizer_class(path: Path) -> None:
-    """Record the class as PreTrainedTokenizerFast, which every transformers version resolves.
+    """Record the class as PreTrainedTokenizerFast, which every transformers version resolves,
+    and the chat template.
 
     transformers 5 writes its internal name, TokenizersBackend, which 4.x cannot load; in 5.x
     PreTrainedTokenizerFast is an alias of it, so nothing changes there.
     """
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["chat_template"] = CHAT_TEMPLATE
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 

@@ -1,0 +1,81 @@
+"""minillm serve [MODEL]: serve a checkpoint over an OpenAI-compatible HTTP API.
+
+Engine flags use vLLM's names, so a vLLM launch line carries over: --max-num-seqs,
+--max-num-batched-tokens, --enable-prefix-caching, --block-size, --max-model-len, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from minillm.llm import LLM, default_model_path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", type=Path, default=default_model_path(),
+                        help="a local Hugging Face checkpoint folder (default: the shipped model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients put in `model` (default: the folder's name)")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                        help="KV pool size in blocks (default: sized from memory)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=False)
+    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                        default=True)
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="never replay CUDA graphs")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="minillm serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    from minillm.serve.app import build_app
+
+    start = time.perf_counter()
+    try:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype,
+                  max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  max_model_len=args.max_model_len, block_size=args.block_size,
+                  num_kv_blocks=args.num_gpu_blocks_override,
+                  gpu_memory_utilization=args.gpu_memory_utilization,
+                  enable_prefix_caching=args.enable_prefix_caching,
+                  enable_chunked_prefill=args.enable_chunked_prefill,
+                  enable_cuda_graphs=not args.enforce_eager, seed=args.seed)
+    except (OSError, ValueError) as e:
+        print(f"minillm serve: {e}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or Path(args.model).name
+    app = build_app(llm, name)
+    print(f"minillm serve: {name} on {llm.engine.device}, {llm.config.num_kv_blocks} KV blocks of "
+          f"{llm.config.block_size} tokens, max_num_seqs {llm.config.max_num_seqs}; model loaded "
+          f"in {time.perf_counter() - start:.2f} s; http://{args.host}:{args.port}/v1",
+          flush=True)
+    # SIGINT/SIGTERM: uvicorn stops accepting, lets in-flight streams finish for up to 5 s, then
+    # the app's shutdown aborts what is left and frees its blocks.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The engine on a thread of its own, and each request's outputs as an async stream.
+
+The engine is synchronous and not thread-safe, so exactly one thread touches it: EngineLoop's.
+HTTP handlers (on the asyncio event loop) hand it validated Requests and abort orders through a
+queue; after every step the thread pushes each request's new RequestOutput to that request's
+asyncio.Queue. Requests that arrive while a step runs join the batch at the next step: that is
+continuous batching across HTTP clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from minillm.llm import LLM, Prompt
+from minillm.request import Request, RequestOutput
+from minillm.sampling import SamplingParams
+
+
+class EngineDead(RuntimeError):
+    """The engine loop has stopped (shut down, or a step failed); no new requests."""
+
+
+@dataclass
+class _Add:
+    request: Request
+    deliver: Callable[[RequestOutput | BaseException], None]
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class EngineLoop:
+    """Runs llm's engine on a background thread, stepping while any request is unfinished.
+
+    on_step(outputs) runs on the engine thread after every step (the Prometheus metrics hook).
+    max_trace_steps bounds the engine's trace, which would otherwise grow for as long as the
+    server runs; the most recent steps are kept.
+    """
+
+    def __init__(self, llm: LLM, on_step: Callable[[list[RequestOutput]], None] | None = None,
+                 max_trace_steps: int = 10_000):
+        self.llm, self.engine = llm, llm.engine
+        self.on_step = on_step
+        self.max_trace_steps = max_trace_steps
+        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
+        self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
+        self.error: BaseException | None = None
+
+    # ---- called from the event loop ---------------------------------------------------------
+
+    def start(self) -> None:
+        if self.engine.has_unfinished_requests():
+            raise ValueError("the engine has unfinished requests: serve from an idle LLM")
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort whatever is still in flight, then end the thread."""
+        if self._thread.is_alive():
+            self._inbox.put(None)
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def make_request(self, prompt: Prompt, params: SamplingParams, request_id: str,
+                     arrival_time: float) -> Request:
+        """A validated Request (ValueError names a bad value). Reads only immutable engine state
+        (config, tokenizer, pool size), so it is safe off the engine thread."""
+        return self.engine.make_request(prompt, params, request_id, arrival_time)
+
+    async def stream(self, request: Request) -> AsyncIterator[RequestOutput]:
+        """Queue request; yield its output after each step that gives it a token, until it
+        finishes. Leaving early (a client that disconnects) aborts it and frees its blocks."""
+        if not self.alive:
+            raise EngineDead("the engine is not running") from self.error
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def deliver(item: RequestOutput | BaseException) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+        self._inbox.put(_Add(request, deliver))
+        finished = False
+        try:
+            while not finished:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise EngineDead(f"request {request.request_id} failed: {item}") from item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._inbox.put(_Abort(request.request_id))
+
+    # ---- the engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while (applied := self._drain(block=not self.engine.has_unfinished_requests())) >= 0:
+                if not self.engine.has_unfinished_requests():
+                    if applied and self.on_step is not None:
+                        self.on_step([])  # aborts freed blocks: let the gauges say so now
+                    continue
+                outputs = self.engine.step()
+                for out in outputs:
+                    sink = self._sinks.get(out.request_id)
+                    if sink is not None:
+                        sink(out)
+                        if out.finished:
+                            del self._sinks[out.request_id]
+                if self.on_step is not None:
+                    self.on_step(outputs)
+                if len(self.engine.trace) > 2 * self.max_trace_steps:
+                    del self.engine.trace[:-self.max_trace_steps]
+        except BaseException as e:  # a failed step: fail every request rather than hang them
+            self.error = e
+        finally:  # stopped: abort what is left, and tell its clients so none waits forever
+            for request_id in list(self.engine.requests):
+                self.engine.abort_request(request_id)
+            for sink in self._sinks.values():
+                sink(self.error or EngineDead("the server is shutting down"))
+            self._sinks.clear()
+
+    def _drain(self, block: bool) -> int:
+        """Apply queued adds and aborts (waiting for one when idle): how many; -1 means stop."""
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return 0
+        applied = 0
+        while True:
+            if item is None:
+                return -1
+            if isinstance(item, _Add):
+                self.engine.enqueue(item.request)
+                self._sinks[item.request.request_id] = item.deliver
+            elif item.request_id in self.engine.requests:  # not finished meanwhile
+                self.engine.abort_request(item.request_id)
+                self._sinks.pop(item.request_id, None)
+            applied += 1
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return applied

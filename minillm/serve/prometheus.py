@@ -1,0 +1,93 @@
+"""GET /metrics: the engine's state and request latencies in Prometheus text, under vLLM's names.
+
+The names are vLLM V1's, so a Grafana dashboard or a script written for vLLM reads minillm too.
+Counters get Prometheus' `_total` suffix on the wire (vllm:num_preemptions_total). Latencies are
+the server's view (from the request's arrival at the server), which a benchmark client's view
+adds network and HTTP time to. Each server has its own registry, so several can share a process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from minillm.engine import Engine
+from minillm.request import RequestOutput
+
+disable_created_metrics()  # no `_created` twin of every counter, as vLLM does
+
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                   1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    """Updated by the engine thread after every step (EngineLoop's on_step)."""
+
+    def __init__(self, engine: Engine, model_name: str):
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+
+        def make(kind, name, doc, **kw):
+            metric = kind(name, doc, list(labels), registry=self.registry, **kw)
+            return metric.labels(**labels)
+
+        self.running = make(Gauge, "vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = make(Gauge, "vllm:num_requests_waiting", "Requests waiting to be admitted.")
+        self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc",
+                             "Fraction of KV-cache blocks in use (1 = full).")
+        self.prefix_queries = make(Counter, "vllm:prefix_cache_queries",
+                                   "Prompt tokens looked up in the prefix cache (whole blocks).")
+        self.prefix_hits = make(Counter, "vllm:prefix_cache_hits",
+                                "Prompt tokens found in the prefix cache (whole blocks).")
+        self.preemptions = make(Counter, "vllm:num_preemptions",
+                                "Requests preempted (their KV freed, recomputed later).")
+        self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Prompt tokens prefilled.")
+        self.generation_tokens = make(Counter, "vllm:generation_tokens", "Tokens generated.")
+        self.ttft = make(Histogram, "vllm:time_to_first_token_seconds",
+                         "Arrival at the server to the first token.", buckets=LATENCY_BUCKETS)
+        self.itl = make(Histogram, "vllm:inter_token_latency_seconds",
+                        "Gap between consecutive tokens of a request.", buckets=LATENCY_BUCKETS)
+        self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds",
+                        "Arrival at the server to the last token.", buckets=LATENCY_BUCKETS)
+        self.queue = make(Histogram, "vllm:request_queue_time_seconds",
+                          "Arrival to the first step that ran the request.",
+                          buckets=LATENCY_BUCKETS)
+        self._stats = engine.stats()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Gauges and counters from the engine's stats (counters advance by the difference)."""
+        stats, block_size = self.engine.stats(), self.engine.config.block_size
+        self.running.set(stats["num_running"])
+        self.waiting.set(stats["num_waiting"])
+        self.kv_usage.set(1.0 - stats["num_free_blocks"] / stats["num_blocks"])
+        for counter, key, scale in ((self.prefix_queries, "prefix_cache_queries", block_size),
+                                    (self.prefix_hits, "prefix_cache_hits", block_size),
+                                    (self.preemptions, "num_preemptions", 1)):
+            counter.inc(max(stats[key] - self._stats[key], 0) * scale)
+        self._stats = stats
+
+    def on_step(self, outputs: list[RequestOutput]) -> None:
+        """One token per output: its latency goes to the histograms."""
+        self.refresh()
+        for out in outputs:
+            m = out.metrics
+            self.generation_tokens.inc()
+            if len(m.token_times) == 1:  # the request's first token
+                self.prompt_tokens.inc(len(out.prompt_token_ids))
+                self.ttft.observe(m.ttft or 0.0)
+                self.queue.observe(m.queue_time or 0.0)
+            else:
+                self.itl.observe(m.token_times[-1] - m.token_times[-2])
+            if out.finished and m.e2e is not None:
+                self.e2e.observe(m.e2e)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

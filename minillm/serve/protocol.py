@@ -1,0 +1,247 @@
+"""The OpenAI API as minillm speaks it: request bodies in, response bodies and stream chunks out.
+
+Parsing checks each field's type and names it in the error; ranges are SamplingParams' own
+checks, whose messages already start with the field's name. Fields minillm does not use (user,
+presence_penalty, ...) are ignored, as vLLM does; fields it cannot honour (n > 1, echo,
+best_of > 1) are refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from minillm.llm import Prompt
+from minillm.request import RequestOutput
+from minillm.sampling import SamplingParams
+
+Json = dict[str, Any]
+
+
+class APIError(Exception):
+    """An error the client caused (status 400 by default), as OpenAI's error object."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "BadRequestError"):
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+
+    def body(self) -> Json:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.status}}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What a completions or chat request asks for, checked."""
+
+    prompt: Prompt
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    chat: bool
+    top_logprobs: int | None  # chat: how many alternatives per token, when logprobs is on
+
+
+def _field(body: Json, name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise APIError(f"{name} must be {what}, got {value!r:.80}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise APIError(f"{name} must be a finite number, got {value!r}", name)
+    return value
+
+
+def check_model(body: Json, served_name: str) -> None:
+    model = _field(body, "model", (str,), "a string")
+    if model is not None and model != served_name:
+        raise APIError(f"model {model!r} is not served here; this server serves "
+                       f"{served_name!r} (GET /v1/models lists it)", "model")
+
+
+def parse_completion(body: Json) -> ParsedRequest:
+    """POST /v1/completions: prompt is a str or a list of token ids (or a list of one of either)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > 1:
+            raise APIError(f"prompt holds {len(prompt)} prompts; minillm serves one prompt per "
+                           "request: send them as separate requests", "prompt")
+        prompt = prompt[0]
+    is_ids = isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) or is_ids):
+        raise APIError(f"prompt must be a string or a list of token ids, got {prompt!r:.80}",
+                       "prompt")
+    if not prompt:
+        raise APIError("prompt is empty: it needs at least one token", "prompt")
+    if body.get("echo"):
+        raise APIError("echo is not supported by minillm", "echo")
+    logprobs = _field(body, "logprobs", (int,), "an integer >= 0 or null")
+    return _parsed(body, prompt, default_max_tokens=16, logprobs=logprobs, chat=False)
+
+
+def parse_chat(body: Json, render: Any, max_model_len: int) -> ParsedRequest:
+    """POST /v1/chat/completions. render(messages) -> prompt token ids (the chat template)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(f"messages must be a non-empty list of {{role, content}} objects, got "
+                       f"{messages!r:.80}", "messages")
+    turns = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("system", "user", "assistant", "developer"):
+            raise APIError(f"messages[{i}].role must be system, user or assistant, got "
+                           f"{role!r}", f"messages[{i}].role")
+        turns.append({"role": "system" if role == "developer" else role,
+                      "content": _content_text(m.get("content"), i)})
+    prompt = render(turns)
+    want_logprobs = _field(body, "logprobs", (bool,), "true or false", False)
+    top = _field(body, "top_logprobs", (int,), "an integer >= 0", 0)
+    max_tokens = _field(body, "max_completion_tokens", (int,), "an integer >= 1")
+    if max_tokens is not None:  # the newer name wins, as in OpenAI's API
+        body = {**body, "max_tokens": max_tokens}
+    # No max_tokens: as much as the context leaves (vLLM's default), at least 1 so a prompt that
+    # fills the context is reported as too long rather than as a bad max_tokens.
+    parsed = _parsed(body, prompt, default_max_tokens=max(max_model_len - len(prompt), 1),
+                     logprobs=top if want_logprobs else None, chat=True)
+    return ParsedRequest(parsed.prompt, parsed.params, parsed.stream, parsed.include_usage,
+                         True, top if want_logprobs else None)
+
+
+def _content_text(content: Any, i: int) -> str:
+    """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        return "".join(p["text"] for p in content)
+    raise APIError(f"messages[{i}].content must be a string or a list of text parts, got "
+                   f"{content!r:.80}", f"messages[{i}].content")
+
+
+def _parsed(body: Json, prompt: Prompt, default_max_tokens: int, logprobs: int | None,
+            chat: bool) -> ParsedRequest:
+    n = _field(body, "n", (int,), "an integer", 1)
+    if n != 1:
+        raise APIError(f"n={n} is not supported: minillm returns one choice per request", "n")
+    best_of = _field(body, "best_of", (int,), "an integer", 1)
+    if best_of != 1:
+        raise APIError(f"best_of={best_of} is not supported", "best_of")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, (str, list)):
+        raise APIError(f"stop must be a string or a list of strings, got {stop!r:.80}", "stop")
+    top_k = _field(body, "top_k", (int,), "an integer (-1 or 0 disables it)", 0)
+    stream = _field(body, "stream", (bool,), "true or false", False)
+    options = _field(body, "stream_options", (dict,), "an object")
+    if options is not None and not stream:
+        raise APIError("stream_options is only allowed when stream is true", "stream_options")
+    include_usage = bool((options or {}).get("include_usage", False))
+    try:
+        params = SamplingParams(
+            max_tokens=_field(body, "max_tokens", (int,), "an integer >= 1", default_max_tokens),
+            temperature=_field(body, "temperature", (int, float), "a number >= 0", 1.0),
+            top_p=_field(body, "top_p", (int, float), "a number in (0, 1]", 1.0),
+            top_k=0 if top_k == -1 else top_k,  # vLLM spells "off" as -1
+            stop=stop or None,
+            seed=_field(body, "seed", (int,), "an integer"),
+            logprobs=logprobs,
+            ignore_eos=_field(body, "ignore_eos", (bool,), "true or false", False))
+    except ValueError as e:  # SamplingParams' messages start with the field's name
+        raise APIError(str(e), str(e).split()[0]) from None
+    return ParsedRequest(prompt, params, stream, include_usage, chat, None)
+
+
+# ---- responses --------------------------------------------------------------------------------
+
+
+def usage(out: RequestOutput) -> Json:
+    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+class ResponseWriter:
+    """Builds the bodies of one request's response: whole, or as stream chunks of new text."""
+
+    def __init__(self, request_id: str, model: str, parsed: ParsedRequest, tokenizer: Any):
+        self.request_id, self.model, self.parsed = request_id, model, parsed
+        self.tokenizer = tokenizer
+        self.created = int(time.time())
+        self.text_sent = 0  # characters of text already sent
+        self.tokens_sent = 0  # tokens whose logprobs were already sent
+        stops = parsed.params.stop_strings
+        # Text that could be the start of a stop string waits until it is known not to be one.
+        self.holdback = max((len(s) for s in stops), default=1) - 1
+
+    def _envelope(self, choices: list[Json], chunk: bool) -> Json:
+        kind = ("chat.completion" if self.parsed.chat else "text_completion")
+        return {"id": self.request_id, "object": kind + (".chunk" if chunk and self.parsed.chat
+                                                          else ""),
+                "created": self.created, "model": self.model, "choices": choices}
+
+    def response(self, out: RequestOutput) -> Json:
+        """The whole response of a finished request (stream=false)."""
+        choice: Json = {"index": 0, "finish_reason": out.finish_reason,
+                        "logprobs": self._logprobs(out, 0, len(out.token_ids), 0)}
+        if self.parsed.chat:
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text
+        return {**self._envelope([choice], chunk=False), "usage": usage(out)}
+
+    def first_chunk(self) -> Json | None:
+        """Chat streams open with the assistant's role and no text, as OpenAI's do."""
+        if not self.parsed.chat:
+            return None
+        return self._envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None}], chunk=True)
+
+    def chunk(self, out: RequestOutput) -> Json | None:
+        """The stream chunk for out's new text (None when nothing new can be sent yet)."""
+        visible = len(out.text) if out.finished else max(len(out.text) - self.holdback, 0)
+        if visible <= self.text_sent and not out.finished:
+            return None
+        delta = out.text[self.text_sent:visible]
+        logprobs = self._logprobs(out, self.tokens_sent, len(out.token_ids), self.text_sent)
+        self.text_sent, self.tokens_sent = visible, len(out.token_ids)
+        choice: Json = {"index": 0, "logprobs": logprobs,
+                        "finish_reason": out.finish_reason if out.finished else None}
+        if self.parsed.chat:
+            choice["delta"] = {"content": delta}
+        else:
+            choice["text"] = delta
+        return self._envelope([choice], chunk=True)
+
+    def usage_chunk(self, out: RequestOutput) -> Json:
+        return {**self._envelope([], chunk=True), "usage": usage(out)}
+
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
+
+    def _logprobs(self, out: RequestOutput, lo: int, hi: int, offset: int) -> Json | None:
+        """Log-probabilities of output tokens lo..hi, in the completions or the chat format."""
+        if out.logprobs is None or lo >= hi:
+            return None
+        entries = list(zip(out.token_ids[lo:hi], out.logprobs[lo:hi]))
+        if self.parsed.chat:
+            k = self.parsed.top_logprobs or 0
+            return {"content": [
+                {**self._chat_entry(t, lps[t]), "top_logprobs": [
+                    self._chat_entry(a, lp) for a, lp in sorted(
+                        lps.items(), key=lambda kv: -kv[1])[:k]]}
+                for t, lps in entries]}
+        tokens = [self._token(t) for t, _ in entries]
+        offsets = [offset + sum(len(s) for s in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [lps[t] for t, lps in entries],
+                "top_logprobs": [{self._token(a): lp for a, lp in lps.items()}
+                                 for _, lps in entries],
+                "text_offset": offsets}
+
+    def _chat_entry(self, token_id: int, logprob: float) -> Json:
+        text = self._token(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
