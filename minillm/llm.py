@@ -78,6 +78,7 @@ class LLM:
         torch_dtype = resolve_dtype(dtype, dev)
         if isinstance(model, ModelConfig):
             net, tokenizer = LlamaForCausalLM.random(model, torch_dtype, dev, config.seed), None
+            self.model_name = "random-weights"
         else:
             path = Path(model) if model is not None else default_model_path()
             if not path.is_dir():
@@ -85,6 +86,7 @@ class LLM:
                               "downloads weights: pass a local Hugging Face checkpoint folder)")
             net = LlamaForCausalLM.from_pretrained(path, torch_dtype, dev)
             tokenizer = load_tokenizer(path)
+            self.model_name = path.resolve().name  # what a server calls it by default
         mc = net.config
         max_len = config.max_model_len or mc.max_position_embeddings
         if mc.sliding_window is not None and max_len > mc.sliding_window:

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"minillm serve: {e}", file=sys.stderr)
         return 2
-    name = args.served_model_name or Path(args.model).name
+    name = args.served_model_name or llm.model_name
     app = build_app(llm, name)
     print(f"minillm serve: {name} on {llm.engine.device}, {llm.config.num_kv_blocks} KV blocks of "
           f"{llm.config.block_size} tokens, max_num_seqs {llm.config.max_num_seqs}; model loaded "

@@ -125,9 +125,10 @@ class Server:
         yield "data: [DONE]\n\n"
 
 
-def build_app(llm: LLM, model_name: str = "tiny-shakespeare",
-              max_trace_steps: int = 10_000) -> FastAPI:
+def build_app(llm: LLM, model_name: str | None = None, max_trace_steps: int = 10_000
+              ) -> FastAPI:
     """The OpenAI-compatible app serving llm; its engine loop runs while the app does."""
+    model_name = model_name or llm.model_name
     server = Server(llm, model_name, max_trace_steps)
 
     @asynccontextmanager
@@ -199,14 +200,16 @@ class RunningServer:
 
 
 def start_server(llm: LLM, host: str = "127.0.0.1", port: int = 0,
-                 model_name: str = "tiny-shakespeare", timeout: float = 30.0) -> RunningServer:
+                 model_name: str | None = None, timeout: float = 30.0) -> RunningServer:
     """Serve llm over HTTP from a background thread of this process; port 0 picks a free one.
 
+    model_name is what clients send as `model` (default: the checkpoint folder's name).
     Returns once the server accepts connections. The engine is then driven by the server's
     thread: read llm.trace and llm.stats() freely, but do not call llm.generate meanwhile.
     """
     import uvicorn
 
+    model_name = model_name or llm.model_name
     app = build_app(llm, model_name)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=5)
