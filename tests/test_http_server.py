@@ -95,6 +95,15 @@ def test_streamed_pieces_join_to_the_whole_and_end_with_usage(client, server, re
     assert last.usage.prompt_tokens == 4
 
 
+def test_completion_logprobs(client, server):
+    r = client.completions.create(model=server.model_name, prompt="KING.\n", max_tokens=6,
+                                  temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 6
+    assert all(len(top) in (2, 3) for top in lp.top_logprobs)  # top 2, plus the chosen if not
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(6)]
+
+
 def test_raw_sse_framing(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps(
@@ -191,6 +200,19 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(server):
     wait_until(lambda: server.llm.stats()["num_free_blocks"] == NUM_BLOCKS)
     assert server.llm.stats()["num_running"] == 0
     assert metric(server, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_a_client_that_hangs_up_before_a_whole_response_frees_its_blocks(server):
+    before = metric(server, "vllm:generation_tokens_total")
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 1400, "ignore_eos": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_until(lambda: server.llm.stats()["num_running"] == 1)
+    sock.close()
+    wait_until(lambda: server.llm.stats()["num_free_blocks"] == NUM_BLOCKS)
+    assert server.llm.stats()["num_running"] == 0
+    assert metric(server, "vllm:generation_tokens_total") - before < 1400  # cut short
 
 
 BAD = [  # (body or raw bytes, the param the error must name)
