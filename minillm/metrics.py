@@ -12,6 +12,9 @@ class RequestMetrics:
     """Timestamps of one request, in seconds on one clock (time.perf_counter or a virtual one).
 
     token_times[i] is when output token i was produced, so token_times[0] is the first token.
+    A benchmark client over HTTP sees chunks, not tokens (a chunk may carry several tokens):
+    there token_times are the arrivals of the chunks with text, and num_output_tokens is the
+    server's count (its `usage`), which TPOT divides by.
     """
 
     arrival_time: float
@@ -19,6 +22,12 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    num_output_tokens: int | None = None  # None: one token per entry of token_times
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens generated: num_output_tokens when known, else len(token_times)."""
+        return len(self.token_times) if self.num_output_tokens is None else self.num_output_tokens
 
     @property
     def ttft(self) -> float | None:
@@ -39,14 +48,15 @@ class RequestMetrics:
 
     @property
     def itl(self) -> list[float]:
-        """Inter-token latencies: the gaps between consecutive output tokens."""
+        """Inter-token latencies: the gaps between consecutive output tokens (or chunks)."""
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first: (E2E - TTFT) / (n - 1); None when n < 2."""
-        n = len(self.token_times)
-        if n < 2:
+        """Time per output token after the first: (E2E - TTFT) / (n - 1) with n output tokens,
+        from the first token's time to the last's; None when n < 2."""
+        n = self.output_tokens
+        if n < 2 or not self.token_times:
             return None
         return (self.token_times[-1] - self.token_times[0]) / (n - 1)
 
@@ -101,27 +111,35 @@ class Summary:
 
 
 def meets_slo(m: RequestMetrics, slo: dict[str, float]) -> bool:
-    """slo maps "ttft", "tpot", "itl" or "e2e" to a bound in seconds; itl bounds the worst gap."""
+    """slo maps "ttft", "tpot", "itl" or "e2e" to a bound in seconds; itl bounds the worst gap.
+
+    "e2el" (vLLM's name for E2E) is accepted too.
+    """
     for name, bound in slo.items():
-        if name not in ("ttft", "tpot", "itl", "e2e"):
+        if name not in ("ttft", "tpot", "itl", "e2e", "e2el"):
             raise ValueError(f"unknown SLO metric {name!r}; use ttft, tpot, itl or e2e")
-        value = max(m.itl, default=0.0) if name == "itl" else getattr(m, name)
+        value = (max(m.itl, default=0.0) if name == "itl"
+                 else m.e2e if name == "e2el" else getattr(m, name))
         if value is not None and value > bound:
             return False
     return True
 
 
-def summarize(metrics: Iterable[RequestMetrics], slo: dict[str, float] | None = None) -> Summary:
-    """Summarize finished requests; the duration runs from the first arrival to the last finish."""
+def summarize(metrics: Iterable[RequestMetrics], slo: dict[str, float] | None = None,
+              duration: float | None = None) -> Summary:
+    """Summarize finished requests; the duration (s) runs from the first arrival to the last
+    finish unless given (a benchmark client passes the wall time of its whole run, as vLLM's
+    does)."""
     done = [m for m in metrics if m.finished_time is not None]
     if not done:
         raise ValueError("summarize needs at least one finished request")
-    duration = max(m.finished_time for m in done) - min(m.arrival_time for m in done)
+    if duration is None:
+        duration = max(m.finished_time for m in done) - min(m.arrival_time for m in done)
     good = sum(meets_slo(m, slo) for m in done) if slo else None
     return Summary(
         num_requests=len(done),
         duration=duration,
-        output_tokens=sum(len(m.token_times) for m in done),
+        output_tokens=sum(m.output_tokens for m in done),
         ttft=Distribution.of([m.ttft for m in done if m.ttft is not None]),
         tpot=Distribution.of([m.tpot for m in done if m.tpot is not None]),
         itl=Distribution.of([x for m in done for x in m.itl]),

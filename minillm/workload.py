@@ -157,7 +157,8 @@ class RequestSpec:
     arrival_time: seconds from the start of the run (0.0 in a closed loop, where a request is
     sent when a client is free). prompt_len, output_len: tokens. Requests with the same
     prefix_id share their first prefix_len prompt tokens (a common system prompt). seed
-    determines the rest of the prompt.
+    determines the rest of the prompt. prompt: the text, for a request drawn from a text data
+    set (minillm.serve.datasets); prompt_len is then its length in the data set's tokenizer.
     """
 
     arrival_time: float
@@ -166,6 +167,7 @@ class RequestSpec:
     prefix_id: int | None = None
     prefix_len: int = 0
     seed: int = 0
+    prompt: str | None = None
 
     def __post_init__(self) -> None:
         t = self.arrival_time
@@ -180,6 +182,8 @@ class RequestSpec:
             raise ValueError(f"prefix_len={self.prefix_len} needs a prefix_id")
         if self.prefix_id is not None:
             _check_int(self.prefix_id, "prefix_id", minimum=0)
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
+            raise ValueError(f"prompt must be a non-empty str or None, got {self.prompt!r:.80}")
 
     def token_ids(self, vocab_size: int) -> list[int]:
         """prompt_len token ids in [1, vocab_size): id 0 is eos in the shipped model.
@@ -240,26 +244,36 @@ def _check_rate(rate: object) -> float:
     return float(rate)
 
 
-def _arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
-    """A Poisson process: the first request at 0 s, then exponential gaps of mean 1/rate s."""
+def arrival_times(rng: random.Random, n: int, rate: float, burstiness: float = 1.0) -> list[float]:
+    """The first request at 0 s, then gamma gaps of mean 1/rate s and shape burstiness.
+
+    burstiness 1 is a Poisson process (exponential gaps); below 1 the same mean rate comes in
+    bursts, above 1 more evenly (vLLM's --burstiness).
+    """
+    if not (isinstance(burstiness, (int, float)) and 0 < burstiness < math.inf):
+        raise ValueError(f"burstiness must be a positive number (1 = Poisson), got {burstiness!r}")
     times, t = [], 0.0
     for i in range(n):
         if i > 0 and rate != math.inf:
-            t += rng.expovariate(rate)
+            t += (rng.expovariate(rate) if burstiness == 1 else
+                  rng.gammavariate(burstiness, 1.0 / (rate * burstiness)))
         times.append(t)
     return times
 
 
 def poisson(num_requests: int, rate: float, prompt_len: Length, output_len: Length,
-            seed: int = 0) -> Workload:
-    """Open loop: num_requests arriving as a Poisson process of rate requests/s (inf: all at 0)."""
+            seed: int = 0, burstiness: float = 1.0) -> Workload:
+    """Open loop: num_requests arriving as a Poisson process of rate requests/s (inf: all at 0).
+
+    burstiness != 1 draws gamma inter-arrival gaps of that shape instead, with the same mean.
+    """
     _check_int(num_requests, "num_requests")
     rate = _check_rate(rate)
     prompt, output = as_distribution(prompt_len, "prompt_len"), as_distribution(
         output_len, "output_len")
     rng = random.Random(seed)
     specs = [RequestSpec(t, prompt.sample(rng), output.sample(rng), seed=rng.getrandbits(63))
-             for t in _arrivals(rng, num_requests, rate)]
+             for t in arrival_times(rng, num_requests, rate, burstiness)]
     return Workload(specs, rate=rate)
 
 
@@ -291,7 +305,7 @@ def shared_prefix(num_requests: int, rate: float, prefix_len: int, num_prefixes:
         output_len, "output_len")
     rng = random.Random(seed)
     specs = []
-    for t in _arrivals(rng, num_requests, rate):
+    for t in arrival_times(rng, num_requests, rate):
         prefix_id = rng.randrange(num_prefixes)
         specs.append(RequestSpec(t, prefix_len + suffix.sample(rng), output.sample(rng),
                                  prefix_id=prefix_id, prefix_len=prefix_len,

@@ -51,6 +51,18 @@ def test_summary_and_goodput():
         summarize(ms, slo={"ttfx": 1.0})
 
 
+def test_chunks_are_not_tokens():
+    """Over HTTP a chunk may hold several tokens: TPOT divides by the usage count, ITL is per
+    chunk, and the summary counts tokens."""
+    m = make(0.0, [0.2, 0.5, 0.6])
+    m.num_output_tokens = 7
+    assert m.output_tokens == 7 and m.itl == pytest.approx([0.3, 0.1])
+    assert m.tpot == pytest.approx((0.6 - 0.2) / 6)
+    s = summarize([m], slo={"e2el": 0.5}, duration=2.0)
+    assert s.output_tokens == 7 and s.duration == 2.0 and s.goodput == 0.0
+    assert summarize([m], slo={"e2e": 0.6}).goodput == pytest.approx(1 / 0.6)
+
+
 def test_summary_needs_finished_requests():
     with pytest.raises(ValueError):
         summarize([RequestMetrics(arrival_time=0.0)])

@@ -4,6 +4,7 @@ Workloads are tiny (a handful of requests, a few output tokens) so the file runs
 speed itself is never asserted, only what the report must equal given the recorded timestamps.
 """
 
+import json
 import math
 import sys
 from types import SimpleNamespace
@@ -28,6 +29,7 @@ def llm():
 def test_parse_slo():
     assert parse_slo("ttft:500,tpot:50") == {"ttft": 0.5, "tpot": 0.05}
     assert parse_slo(" TTFT : 200 , e2e:1500, itl:80") == {"ttft": 0.2, "e2e": 1.5, "itl": 0.08}
+    assert parse_slo("ttft:500 tpot:50 e2el:2000") == {"ttft": 0.5, "tpot": 0.05, "e2e": 2.0}
 
 
 @pytest.mark.parametrize("text, match", [
@@ -52,13 +54,14 @@ def hand_figures(result: ServingResult, slo: dict[str, float]) -> dict[str, floa
     itl = np.concatenate([np.diff(m.token_times) for m in ms])
     prompt = sum(len(o.prompt_token_ids) for o in result.outputs)
     good = ((ttft <= slo["ttft"]) & (tpot <= slo["tpot"])).sum()
-    figures = {"completed": len(ms), "duration_s": duration, "total_output_tokens": n.sum(),
+    figures = {"completed": len(ms), "duration": duration, "total_output_tokens": n.sum(),
                "request_throughput": len(ms) / duration, "output_throughput": n.sum() / duration,
                "total_token_throughput": (prompt + n.sum()) / duration,
                "request_goodput": good / duration}
-    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
         figures[f"mean_{name}_ms"] = xs.mean() * 1000
-        for stat, q in (("median", 50), ("p90", 90), ("p95", 95), ("p99", 99)):
+        figures[f"std_{name}_ms"] = xs.std() * 1000
+        for stat, q in (("median", 50), ("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99)):
             figures[f"{stat}_{name}_ms"] = np.percentile(xs, q) * 1000
     return figures
 
@@ -133,6 +136,25 @@ def test_run_serving_rejects_bad_workloads_and_a_busy_engine(llm):
         llm.engine.step()
 
 
+def test_records_of_an_in_process_run_and_its_result_json(llm, tmp_path):
+    """The in-process run gives the same report type as the HTTP client: per-request records."""
+    passages = ["ROMEO.\nBut soft, what light\n", "JULIET.\nO Romeo, Romeo\n"]
+    w = Workload([RequestSpec(0.0, len(llm.tokenizer.encode(p)), 3, prompt=p) for p in passages]
+                 + [RequestSpec(0.01, 6, 2, seed=1)])
+    result = run_serving(llm, w, warmup=False)
+    for spec, rec, out in zip(w, result.records, result.outputs):
+        assert rec.ok and rec.prompt_len == spec.prompt_len == len(out.prompt_token_ids)
+        assert rec.output_len == spec.output_len and rec.request_id == out.request_id
+        assert rec.metrics is out.metrics and rec.text == out.text
+    assert result.outputs[0].prompt == passages[0] and result.source == "in-process"
+    assert result.values("itl") == [g for o in result.outputs for g in o.metrics.itl]
+    result.save_json(tmp_path / "r.json", note="x")
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["note"] == "x" and saved["completed"] == 3 and saved["errors"] == ["", "", ""]
+    assert saved["request_goodput"] is None and len(saved["itls"][0]) == 2
+    assert saved["records"][2]["arrival_time"] == pytest.approx(0.01)
+
+
 def test_knee_is_the_rate_of_maximum_goodput():
     def fake(goodput):
         return SimpleNamespace(summary=SimpleNamespace(goodput=goodput, request_throughput=1.0))
@@ -172,3 +194,12 @@ def test_command_line(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main([*common, "--slo", "ttft=500"])
     assert "METRIC:MS" in capsys.readouterr().err
+    # vLLM's spellings, a text data set, and a closed loop in-process.
+    assert main(["serve", "--dataset-name", "shakespeare", "--num-prompts", "3",
+                 "--random-output-len", "3", "--random-range-ratio", "0", "--max-concurrency",
+                 "2", "--goodput", "ttft:5000", "tpot:1000", "--num-warmups", "0",
+                 "--result-json", str(tmp_path / "r.json")]) == 0
+    assert "closed loop, concurrency 2" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["output_lens"] == [3, 3, 3]
+    with pytest.raises(SystemExit, match="closed loop"):
+        main([*common, "--max-concurrency", "2", "--request-rate", "5"])

@@ -48,6 +48,16 @@ def test_poisson_inter_arrival_mean_is_one_over_rate():
     assert w.concurrency is None and not w.is_closed_loop and w.rate == 5.0
 
 
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_burstiness_keeps_the_mean_gap_and_sets_the_spread(burstiness):
+    """Gamma gaps of shape k and mean 1/rate have std (1/rate)/sqrt(k): k < 1 bursts."""
+    w = poisson(4000, rate=5.0, prompt_len=8, output_len=4, seed=2, burstiness=burstiness)
+    gaps = np.diff([s.arrival_time for s in w])
+    assert gaps.mean() == pytest.approx(1 / 5.0, rel=0.1)
+    assert gaps.std() == pytest.approx(1 / 5.0 / math.sqrt(burstiness), rel=0.12)
+    assert poisson(20, 5.0, 8, 4, seed=2, burstiness=1.0) == poisson(20, 5.0, 8, 4, seed=2)
+
+
 def test_infinite_rate_arrives_at_once_and_closed_loop_at_zero():
     assert all(s.arrival_time == 0.0 for s in poisson(10, math.inf, 8, 4))
     w = closed_loop(10, concurrency=3, prompt_len=8, output_len=4)
@@ -151,6 +161,8 @@ def test_token_ids_depend_on_seed_only():
     (lambda: RequestSpec(0.0, 8, 4, prefix_id=0, prefix_len=9), "prefix_len=9"),
     (lambda: RequestSpec(0.0, 8, 4, prefix_len=2), "prefix_id"),
     (lambda: RequestSpec(0.0, 8, 4).token_ids(1), "vocab_size"),
+    (lambda: RequestSpec(0.0, 8, 4, prompt=""), "prompt"),
+    (lambda: poisson(5, 1.0, 8, 4, burstiness=0), "burstiness"),
     (lambda: Workload([1, 2]), "RequestSpec"),
 ])
 def test_bad_values_are_named(call, match):

@@ -1,16 +1,20 @@
 """python -m minillm.bench serve: serving runs at increasing rates, the goodput curve and its knee.
 
-Each rate replays a workload against the real engine in real time (minillm.serving); the knee
-is the offered rate past which goodput stops rising.
+With --base-url it measures any OpenAI-compatible server over HTTP (minillm.serve.client, as
+vLLM's benchmark does: `minillm bench serve --base-url http://HOST:PORT`); without, it replays
+the workload against the real engine in-process (minillm.serving). Both give a ServingResult.
+The knee is the offered rate past which goodput stops rising.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,14 +23,18 @@ from tqdm.auto import tqdm
 
 from minillm.llm import LLM, default_model_path
 from minillm.serving import (
+    DEFAULT_PERCENTILES,
+    PERCENTILE_METRICS,
     TABLE_COLUMNS,
     ServingResult,
     format_slo,
+    json_safe,
     parse_slo,
     run_serving,
     warm_up,
 )
-from minillm.workload import Length, Workload, closed_loop, poisson, shared_prefix
+from minillm.tokenizer import load_tokenizer
+from minillm.workload import Length, Workload, poisson, shared_prefix
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -94,18 +102,31 @@ class SweepResult:
         return fig
 
 
-def sweep(llm: LLM, rates: Sequence[float], make_workload: Callable[[float], Workload],
-          slo: dict[str, float], progress: bool = True) -> SweepResult:
-    """Run make_workload(rate) for each rate (ascending) and collect the goodput curve."""
+def sweep(target: LLM | str, rates: Sequence[float], make_workload: Callable[[float], Workload],
+          slo: dict[str, float], progress: bool = True, **client_args: Any) -> SweepResult:
+    """Run make_workload(rate) for each rate (ascending) and collect the goodput curve.
+
+    target: an LLM (replayed in-process) or a server's base URL (measured over HTTP by
+    minillm.serve.client.benchmark with client_args); one warm-up before the first rate.
+    """
     if not slo:
         raise ValueError("sweep needs an SLO, e.g. parse_slo('ttft:500,tpot:50'): goodput and "
                          "its knee are defined against one")
     if not rates or not all(isinstance(r, (int, float)) and 0 < r < math.inf for r in rates):
         raise ValueError(f"rates must be finite positive requests/s, got {list(rates)!r}")
     rates = sorted(rates)
-    warm_up(llm)
-    results = [run_serving(llm, make_workload(rate), slo, warmup=False)
-               for rate in tqdm(rates, desc="rates", unit="rate", disable=not progress)]
+    if isinstance(target, LLM):
+        warm_up(target)
+    results = []
+    for k, rate in enumerate(tqdm(rates, desc="rates", unit="rate", disable=not progress)):
+        if isinstance(target, LLM):
+            results.append(run_serving(target, make_workload(rate), slo, warmup=False))
+        else:
+            from minillm.serve.client import benchmark
+
+            warmups = client_args.get("num_warmups", 2) if k == 0 else 0
+            results.append(benchmark(target, make_workload(rate), slo=slo,
+                                     **{**client_args, "num_warmups": warmups}))
     return SweepResult(list(rates), results, slo)
 
 
@@ -127,6 +148,26 @@ def _parse_rates(text: str) -> list[float]:
         raise ValueError(f"rates are requests/s like 1,2,4, got {text!r}") from None
 
 
+def _parse_names(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n.strip() for n in text.split(","))
+        bad = [n for n in names if n not in choices]
+        if bad:
+            raise ValueError(f"unknown metric {bad[0]!r}; use some of {','.join(choices)}")
+        return names
+    return parse
+
+
+def _parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        qs = tuple(float(q) for q in text.split(","))
+    except ValueError:
+        raise ValueError(f"percentiles are numbers like 50,90,99, got {text!r}") from None
+    if not all(0 < q < 100 for q in qs):
+        raise ValueError(f"percentiles must lie in (0, 100), got {text!r}")
+    return qs
+
+
 def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """parse as an argparse type whose error message reaches the user."""
     def parse_arg(text: str) -> Any:
@@ -138,48 +179,150 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=default_model_path())
-    parser.add_argument("--num-requests", type=int, default=40)
-    parser.add_argument("--rates", type=_arg(_parse_rates), default=[4.0, 16.0, 64.0],
-                        help="offered rates in requests/s, e.g. 1,2,4,8 (open loop, Poisson)")
-    parser.add_argument("--concurrency", type=int, default=None,
-                        help="run a closed loop with this many requests in flight instead")
+    """vLLM's `vllm bench serve` flags where they exist (older minillm spellings as aliases)."""
+    add = parser.add_argument
+    add("--base-url", default=None, help="measure this OpenAI-compatible server over HTTP, e.g. "
+        "http://127.0.0.1:8000 (default: replay in-process on the engine, no HTTP)")
+    add("--endpoint", default="/v1/completions", choices=["/v1/completions",
+                                                          "/v1/chat/completions"])
+    add("--model", default=None, help="HTTP: the served model name (default: ask /v1/models); "
+        "in-process: the checkpoint folder (default: the shipped model)")
+    add("--tokenizer", type=Path, default=None, help="the server's tokenizer folder, for vocab "
+        "size and token counts (default: --model if a folder, else the shipped model)")
+    add("--dataset-name", default="random", choices=["random", "shakespeare", "sharegpt"])
+    add("--dataset-path", type=Path, default=None, help="ShareGPT JSON, or a prompt file")
+    add("--num-prompts", "--num-requests", dest="num_prompts", type=int, default=40)
+    add("--random-input-len", type=int, default=40)
+    add("--random-output-len", type=int, default=20)
+    add("--random-range-ratio", type=float, default=0.6,
+        help="lengths uniform in [L(1-r), L(1+r)]")
     length = _arg(_parse_length)
-    parser.add_argument("--prompt-len", type=length, default=(16, 64), help="tokens: N or LO:HI")
-    parser.add_argument("--output-len", type=length, default=(8, 32), help="tokens: N or LO:HI")
-    parser.add_argument("--prefix-len", type=int, default=0,
-                        help="share a system prompt this long (with --num-prefixes of them)")
-    parser.add_argument("--num-prefixes", type=int, default=1)
-    parser.add_argument("--enable-prefix-caching", action="store_true")
-    parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--slo", type=_arg(parse_slo), default=parse_slo("ttft:500,tpot:50"),
-                        help="bounds in ms, e.g. ttft:500,tpot:50 (also itl, e2e)")
-    parser.add_argument("--plot", type=Path, default=None, help="save the goodput curve here")
-    parser.add_argument("--seed", type=int, default=0)
+    add("--prompt-len", type=length, default=None, help="tokens: N or LO:HI (overrides --random-*)")
+    add("--output-len", type=length, default=None, help="tokens: N or LO:HI (overrides --random-*)")
+    add("--sharegpt-output-len", type=int, default=None)
+    add("--request-rate", type=float, default=math.inf, help="requests/s (inf: all at once)")
+    add("--burstiness", type=float, default=1.0, help="gamma shape of the gaps; 1 = Poisson")
+    add("--max-concurrency", "--concurrency", dest="max_concurrency", type=int, default=None,
+        help="at most this many requests in flight (with rate inf: a closed loop)")
+    add("--sweep-rates", "--rates", dest="sweep_rates", type=_arg(_parse_rates), default=None,
+        help="offered rates in requests/s, e.g. 1,2,4,8: the goodput curve and its knee")
+    add("--prefix-len", type=int, default=0,
+        help="random prompts share a system prompt this long (with --num-prefixes of them)")
+    add("--num-prefixes", type=int, default=1)
+    add("--enable-prefix-caching", action="store_true", help="in-process engine only")
+    add("--max-num-seqs", type=int, default=16, help="in-process engine only")
+    add("--goodput", "--slo", dest="goodput", nargs="+", type=_arg(parse_slo), default=None,
+        help="SLO bounds in ms, e.g. ttft:500 tpot:50 e2el:2000 (also itl)")
+    add("--percentile-metrics", type=_arg(_parse_names(PERCENTILE_METRICS)),
+        default=("ttft", "tpot", "itl"), help="of ttft,tpot,itl,e2el")
+    add("--metric-percentiles", type=_arg(_parse_percentiles), default=(99.0,),
+        help="e.g. 50,90,99")
+    add("--num-warmups", type=int, default=2, help="requests run first, left out of the figures")
+    add("--result-json", type=Path, default=None, help="write vLLM's result keys and records")
+    add("--plot", type=Path, default=None, help="save the goodput curve here (a sweep)")
+    add("--disable-tqdm", action="store_true")
+    add("--seed", type=int, default=0)
+
+
+def _workload_maker(args: argparse.Namespace, tokenizer: Any) -> Callable[[float], Workload]:
+    """make_workload(rate) for the arguments: the data set at that rate, closed loop when
+    --max-concurrency comes with rate inf in-process (where the engine has no semaphore)."""
+    from minillm.serve.datasets import length_range, load_dataset  # the server's imports: lazy
+
+    prompt = args.prompt_len or length_range(args.random_input_len, args.random_range_ratio)
+    output = args.output_len or length_range(args.random_output_len, args.random_range_ratio)
+
+    def make(rate: float) -> Workload:
+        if args.dataset_name == "random" and args.prefix_len:
+            w = shared_prefix(args.num_prompts, rate, args.prefix_len, args.num_prefixes,
+                              prompt, output, args.seed)
+        elif args.dataset_name == "random":
+            w = poisson(args.num_prompts, rate, prompt, output, args.seed, args.burstiness)
+        else:
+            w = load_dataset(args.dataset_name, args.num_prompts, tokenizer=tokenizer,
+                             dataset_path=args.dataset_path, output_len=args.random_output_len,
+                             range_ratio=args.random_range_ratio, rate=rate,
+                             burstiness=args.burstiness, seed=args.seed,
+                             sharegpt_output_len=args.sharegpt_output_len)
+        if args.base_url is None and args.max_concurrency is not None:
+            if rate != math.inf:
+                raise SystemExit("in-process, --max-concurrency runs a closed loop: use it with "
+                                 "--request-rate inf, or measure a server with --base-url")
+            w = Workload(list(w), concurrency=args.max_concurrency)
+        return w
+    return make
 
 
 def main(args: argparse.Namespace) -> int:
-    llm = LLM(args.model, max_num_seqs=args.max_num_seqs,
-              enable_prefix_caching=args.enable_prefix_caching)
-    print(f"model {args.model.name} on {llm.engine.device} ({torch.get_num_threads()} threads), "
-          f"max_num_seqs {args.max_num_seqs}, "
-          f"prefix caching {'on' if args.enable_prefix_caching else 'off'}")
-
-    def make_workload(rate: float) -> Workload:
-        if args.prefix_len:
-            return shared_prefix(args.num_requests, rate, args.prefix_len, args.num_prefixes,
-                                 args.prompt_len, args.output_len, args.seed)
-        return poisson(args.num_requests, rate, args.prompt_len, args.output_len, args.seed)
-
-    if args.concurrency is not None or len(args.rates) == 1:
-        workload = make_workload(args.rates[0]) if args.concurrency is None else closed_loop(
-            args.num_requests, args.concurrency, args.prompt_len, args.output_len, args.seed)
-        print(run_serving(llm, workload, args.slo).report())
+    slo = {k: v for item in args.goodput or [] for k, v in item.items()} or None
+    rates = args.sweep_rates or [args.request_rate]
+    if len(rates) > 1 and slo is None:
+        slo = parse_slo("ttft:500,tpot:50")
+        print(f"a sweep judges goodput against an SLO: using {format_slo(slo)} (--goodput)")
+    if args.base_url is None:
+        model = Path(args.model) if args.model else default_model_path()
+        llm: LLM | None = LLM(model, max_num_seqs=args.max_num_seqs,
+                              enable_prefix_caching=args.enable_prefix_caching)
+        tokenizer = llm.tokenizer
+        print(f"in-process: model {model.name} on {llm.engine.device} "
+              f"({torch.get_num_threads()} threads), max_num_seqs {args.max_num_seqs}, "
+              f"prefix caching {'on' if args.enable_prefix_caching else 'off'}")
+    else:
+        llm = None
+        folder = args.tokenizer or (Path(args.model) if args.model and Path(args.model).is_dir()
+                                    else default_model_path())
+        tokenizer = load_tokenizer(folder)
+    make_workload = _workload_maker(args, tokenizer)
+    client_args = dict(model=args.model, tokenizer=tokenizer,
+                       max_concurrency=args.max_concurrency, num_warmups=args.num_warmups,
+                       progress=not args.disable_tqdm, endpoint=args.endpoint)
+    if args.max_concurrency is not None:
+        print(f"maximum request concurrency: {args.max_concurrency}")
+    if len(rates) == 1:
+        result = _run_once(llm, args, make_workload(rates[0]), slo, client_args)
+        print(result.report(args.metric_percentiles, args.percentile_metrics))
+        if args.result_json is not None:
+            result.save_json(args.result_json, _json_percentiles(args), **_run_info(args, rates[0]))
+            print(f"results written to {args.result_json}")
         if args.plot is not None:
-            print("--plot draws a rate sweep: give two or more --rates", file=sys.stderr)
+            print("--plot draws a rate sweep: give two or more --sweep-rates", file=sys.stderr)
         return 0
-    result = sweep(llm, args.rates, make_workload, args.slo)
-    print(result.table())
-    if args.plot is not None and result.plot(args.plot) is not None:
+    target = llm if llm is not None else args.base_url
+    sweep_result = sweep(target, rates, make_workload, slo or {},
+                         progress=not args.disable_tqdm,
+                         **({} if llm is not None else
+                            {k: v for k, v in client_args.items() if k != "progress"}))
+    print(sweep_result.table())
+    if args.result_json is not None:
+        runs = [r.result_json(_json_percentiles(args)) for r in sweep_result.results]
+        args.result_json.write_text(json.dumps(json_safe(
+            {**_run_info(args, None), "rates": sweep_result.rates, "knee": sweep_result.knee,
+             "goodput": sweep_result.goodput, "runs": runs}), indent=1))
+        print(f"results written to {args.result_json}")
+    if args.plot is not None and sweep_result.plot(args.plot) is not None:
         print(f"goodput curve saved to {args.plot}")
     return 0
+
+
+def _run_once(llm: LLM | None, args: argparse.Namespace, workload: Workload,
+              slo: dict[str, float] | None, client_args: dict[str, Any]) -> ServingResult:
+    if llm is not None:
+        return run_serving(llm, workload, slo, warmup=args.num_warmups > 0)
+    from minillm.serve.client import benchmark
+
+    return benchmark(args.base_url, workload, slo=slo, **client_args)
+
+
+def _json_percentiles(args: argparse.Namespace) -> tuple[float, ...]:
+    """The result JSON holds p50, p90, p95, p99 and whatever --metric-percentiles adds."""
+    return tuple(sorted({*DEFAULT_PERCENTILES, *args.metric_percentiles}))
+
+
+def _run_info(args: argparse.Namespace, rate: float | None) -> dict[str, Any]:
+    """The run's settings under vLLM's result-JSON names."""
+    return {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "openai",
+            "base_url": args.base_url, "model_id": args.model,
+            "tokenizer_id": str(args.tokenizer) if args.tokenizer else None,
+            "dataset_name": args.dataset_name, "num_prompts": args.num_prompts,
+            "request_rate": "inf" if rate == math.inf else rate, "burstiness": args.burstiness,
+            "max_concurrency": args.max_concurrency, "seed": args.seed}
