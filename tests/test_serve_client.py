@@ -283,6 +283,7 @@ def test_http_and_in_process_agree_on_token_counts(server):
     assert http.source == server.url and not http.errors
     # One clock: the server's engine steps for this run lie inside the client's span of it.
     steps = server.llm.trace[first:]
+    assert http.with_trace(server.llm.trace).trace == steps
     assert http.start <= steps[0].start and steps[-1].end <= http.start + http.duration
     assert sum(len(s.finished) for s in steps) == len(w)
     local = LLM(device="cpu", max_num_seqs=8, num_kv_blocks=128)

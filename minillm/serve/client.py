@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from minillm.llm import default_model_path
 from minillm.metrics import RequestMetrics
-from minillm.serving import RequestRecord, ServingResult
+from minillm.serving_result import RequestRecord, ServingResult
 from minillm.tokenizer import load_tokenizer
 from minillm.workload import RequestSpec, Workload
 
