@@ -22,7 +22,7 @@ from aiohttp import web
 from minillm import LLM
 from minillm.bench.__main__ import main
 from minillm.llm import default_model_path
-from minillm.serve.client import abenchmark, benchmark
+from minillm.serve.client import CHAT, abenchmark, benchmark
 from minillm.serve.datasets import (
     length_range,
     load_dataset,
@@ -293,6 +293,15 @@ def test_http_and_in_process_agree_on_token_counts(server):
         assert h.output_len == r.output_len == spec.output_len
         assert len(h.metrics.token_times) <= h.output_len  # a chunk holds >= 1 token
     assert http.as_dict()["total_output_tokens"] == replay.as_dict()["total_output_tokens"]
+
+
+def test_chat_endpoint_with_text_prompts(server):
+    tok = load_tokenizer(default_model_path())
+    w = load_dataset("shakespeare", 3, tokenizer=tok, output_len=4, seed=1)
+    result = benchmark(server.url, w, endpoint=CHAT, num_warmups=0)
+    assert not result.errors and [r.output_len for r in result.records] == [4, 4, 4]
+    # The chat template wraps the passage in speaker turns: the server counts more tokens.
+    assert all(r.prompt_len > s.prompt_len for r, s in zip(result.records, w))
 
 
 def test_command_line_against_the_server(server, tmp_path, capsys):
