@@ -104,6 +104,15 @@ def test_completion_logprobs(client, server):
     assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(6)]
 
 
+def test_x_request_id_names_the_request_in_the_trace(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 3}),
+                 {"Content-Type": "application/json", "X-Request-Id": "bench-7"})
+    reply = json.loads(conn.getresponse().read())
+    assert reply["id"] == "cmpl-bench-7"
+    assert any(e.request_id == "bench-7" for step in server.llm.trace for e in step.scheduled)
+
+
 def test_raw_sse_framing(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps(

@@ -63,13 +63,19 @@ class Server:
         max_len = self.llm.config.max_model_len
         parsed = (parse_chat(body, self.render_chat, max_len) if chat
                   else parse_completion(body))
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        # A client may name its request (X-Request-Id, as in vLLM): the engine's trace then uses
+        # its name, so a benchmark's records map onto the engine's steps.
+        prefix = "chatcmpl" if chat else "cmpl"
+        client_id = raw.headers.get("x-request-id")
+        request_id = client_id or f"{prefix}-{uuid.uuid4().hex}"
         try:
             req = self.loop.make_request(parsed.prompt, parsed.params, request_id, arrival)
         except ValueError as e:
-            param = "max_tokens" if "max_tokens" in str(e) else "messages" if chat else "prompt"
+            param = ("max_tokens" if "max_tokens" in str(e) else None if "request_id" in str(e)
+                     else "messages" if chat else "prompt")
             raise APIError(str(e), param) from None
-        writer = ResponseWriter(request_id, self.model_name, parsed, self.llm.tokenizer)
+        response_id = f"{prefix}-{client_id}" if client_id else request_id
+        writer = ResponseWriter(response_id, self.model_name, parsed, self.llm.tokenizer)
         outputs = self.loop.stream(req)
         if parsed.stream:
             return StreamingResponse(self._events(outputs, writer, parsed),

@@ -2,9 +2,10 @@
 
 The engine is synchronous and not thread-safe, so exactly one thread touches it: EngineLoop's.
 HTTP handlers (on the asyncio event loop) hand it validated Requests and abort orders through a
-queue; after every step the thread pushes each request's new RequestOutput to that request's
-asyncio.Queue. Requests that arrive while a step runs join the batch at the next step: that is
-continuous batching across HTTP clients.
+queue; after every step the thread hands the step's outputs to the event loop in one call (one
+wake-up per step, not one per request), which puts each in its request's asyncio.Queue.
+Requests that arrive while a step runs join the batch at the next step: that is continuous
+batching across HTTP clients.
 """
 
 from __future__ import annotations
@@ -24,10 +25,20 @@ class EngineDead(RuntimeError):
     """The engine loop has stopped (shut down, or a step failed); no new requests."""
 
 
+Item = RequestOutput | BaseException
+
+
 @dataclass
 class _Add:
     request: Request
-    deliver: Callable[[RequestOutput | BaseException], None]
+    outputs: asyncio.Queue[Item]  # the request's stream, read on loop
+    loop: asyncio.AbstractEventLoop
+
+
+def _fan_out(deliveries: list[tuple[asyncio.Queue[Item], Item]]) -> None:
+    """On the event loop: put each output in its request's queue."""
+    for outputs, item in deliveries:
+        outputs.put_nowait(item)
 
 
 @dataclass
@@ -49,7 +60,7 @@ class EngineLoop:
         self.on_step = on_step
         self.max_trace_steps = max_trace_steps
         self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
-        self._sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
+        self._sinks: dict[str, _Add] = {}  # the unfinished requests' streams
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
         self.error: BaseException | None = None
 
@@ -81,13 +92,8 @@ class EngineLoop:
         finishes. Leaving early (a client that disconnects) aborts it and frees its blocks."""
         if not self.alive:
             raise EngineDead("the engine is not running") from self.error
-        loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-        def deliver(item: RequestOutput | BaseException) -> None:  # on the engine thread
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
-
-        self._inbox.put(_Add(request, deliver))
+        outputs: asyncio.Queue[Item] = asyncio.Queue()
+        self._inbox.put(_Add(request, outputs, asyncio.get_running_loop()))
         finished = False
         try:
             while not finished:
@@ -110,12 +116,7 @@ class EngineLoop:
                         self.on_step([])  # aborts freed blocks: let the gauges say so now
                     continue
                 outputs = self.engine.step()
-                for out in outputs:
-                    sink = self._sinks.get(out.request_id)
-                    if sink is not None:
-                        sink(out)
-                        if out.finished:
-                            del self._sinks[out.request_id]
+                self._deliver([(out.request_id, out) for out in outputs])
                 if self.on_step is not None:
                     self.on_step(outputs)
                 if len(self.engine.trace) > 2 * self.max_trace_steps:
@@ -125,9 +126,23 @@ class EngineLoop:
         finally:  # stopped: abort what is left, and tell its clients so none waits forever
             for request_id in list(self.engine.requests):
                 self.engine.abort_request(request_id)
-            for sink in self._sinks.values():
-                sink(self.error or EngineDead("the server is shutting down"))
-            self._sinks.clear()
+            error = self.error or EngineDead("the server is shutting down")
+            self._deliver([(request_id, error) for request_id in self._sinks])
+
+    def _deliver(self, items: list[tuple[str, Item]]) -> None:
+        """Send each item to its request's stream, one call per event loop; forget finished
+        requests' streams."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Item], Item]]] = {}
+        for request_id, item in items:
+            sink = self._sinks.get(request_id)
+            if sink is None:  # aborted meanwhile
+                continue
+            by_loop.setdefault(sink.loop, []).append((sink.outputs, item))
+            if not isinstance(item, RequestOutput) or item.finished:
+                del self._sinks[request_id]
+        for loop, deliveries in by_loop.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_fan_out, deliveries)
 
     def _drain(self, block: bool) -> int:
         """Apply queued adds and aborts (waiting for one when idle): how many; -1 means stop."""
@@ -141,7 +156,7 @@ class EngineLoop:
                 return -1
             if isinstance(item, _Add):
                 self.engine.enqueue(item.request)
-                self._sinks[item.request.request_id] = item.deliver
+                self._sinks[item.request.request_id] = item
             elif item.request_id in self.engine.requests:  # not finished meanwhile
                 self.engine.abort_request(item.request_id)
                 self._sinks.pop(item.request_id, None)
