@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,15 @@ class Engine:
         self.trace: list[StepRecord] = []
         self.eos_token_ids = self._eos_token_ids()
         self._counter = itertools.count()
+        # Set while a server's thread drives the engine (minillm.serve): no other thread may
+        # queue, step or abort, or two loops would share one scheduler.
+        self.owner_thread: int | None = None
+
+    def _check_thread(self) -> None:
+        if self.owner_thread is not None and threading.get_ident() != self.owner_thread:
+            raise RuntimeError("this engine is being served over HTTP (minillm.serve): send it "
+                               "requests through the server, or make another LLM for "
+                               "in-process runs")
 
     def _eos_token_ids(self) -> set[int]:
         eos = self.model.config.eos_token_id
@@ -88,6 +98,7 @@ class Engine:
                        prompt=prompt if isinstance(prompt, str) else None, generator=generator)
 
     def enqueue(self, req: Request) -> None:
+        self._check_thread()
         self.requests[req.request_id] = req
         self.detokenizers[req.request_id] = IncrementalDetokenizer(self.tokenizer,
                                                                    req.prompt_token_ids)
@@ -130,6 +141,7 @@ class Engine:
 
     def abort_request(self, request_id: str) -> None:
         """Drop an unfinished request and free its blocks."""
+        self._check_thread()
         if request_id not in self.requests:
             raise ValueError(f"no unfinished request with request_id {request_id!r}")
         req = self.requests.pop(request_id)
@@ -143,6 +155,7 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that produced a token in it."""
+        self._check_thread()
         start = self.clock()
         out = self.scheduler.schedule()
         if not out.scheduled:

@@ -113,6 +113,13 @@ def test_x_request_id_names_the_request_in_the_trace(server):
     assert any(e.request_id == "bench-7" for step in server.llm.trace for e in step.scheduled)
 
 
+def test_the_served_engine_refuses_other_drivers(server, client):
+    with pytest.raises(RuntimeError, match="served over HTTP"):
+        server.llm.generate("x", SamplingParams(max_tokens=2))
+    r = client.completions.create(model=server.model_name, prompt="x", max_tokens=2)
+    assert r.usage.completion_tokens == 2  # the server carries on
+
+
 def test_raw_sse_framing(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps(

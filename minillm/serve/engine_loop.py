@@ -109,6 +109,7 @@ class EngineLoop:
     # ---- the engine thread ------------------------------------------------------------------
 
     def _run(self) -> None:
+        self.engine.owner_thread = threading.get_ident()
         try:
             while (applied := self._drain(block=not self.engine.has_unfinished_requests())) >= 0:
                 if not self.engine.has_unfinished_requests():
@@ -128,6 +129,7 @@ class EngineLoop:
                 self.engine.abort_request(request_id)
             error = self.error or EngineDead("the server is shutting down")
             self._deliver([(request_id, error) for request_id in self._sinks])
+            self.engine.owner_thread = None
 
     def _deliver(self, items: list[tuple[str, Item]]) -> None:
         """Send each item to its request's stream, one call per event loop; forget finished
