@@ -21,13 +21,16 @@ Module map (one concept each):
     sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
     roofline.py      Hardware peaks, ridge points, the step cost model, measure_machine()
     workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
-    serving.py       replay a workload in real time; vLLM-style report, goodput under an SLO
+    serving.py       replay a workload in real time (in-process, no HTTP)
+    serving_result.py  a serving run's report: per-request records, vLLM's figures and JSON
+    serve/           minillm serve (OpenAI-compatible HTTP server) and the benchmark client
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
     calibration.py   fit the simulator's step overheads to this machine and report its error
     real_run.py      a workload served on the real engine in real time (wall or CPU clock)
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
     machine.py       describe() / settle_threads(): the hardware a chapter measured on
     train/           the training script of the shipped tiny model (python -m minillm.train)
+    cli.py           the `minillm` console script: minillm serve ..., minillm bench ...
     bench/           python -m minillm.bench engine|serve|simulate|kernels|gpu: side-by-side
 """
 
