@@ -9,9 +9,18 @@
     datasets.py     the prompt sets a benchmark sends: random, shakespeare, sharegpt
 """
 
-from minillm.serve.app import RunningServer, build_app, start_server
-from minillm.serve.client import abenchmark, benchmark
-from minillm.serve.datasets import load_dataset
+from typing import Any
 
-__all__ = ["RunningServer", "abenchmark", "benchmark", "build_app", "load_dataset",
-           "start_server"]
+# Names load on first use, so `minillm.serve.datasets` (the benchmark's prompt sets) imports
+# without FastAPI or aiohttp, as on a GPU machine that has neither.
+_HOME = {"RunningServer": "app", "build_app": "app", "start_server": "app",
+         "benchmark": "client", "abenchmark": "client", "load_dataset": "datasets"}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'minillm.serve' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"minillm.serve.{_HOME[name]}"), name)
