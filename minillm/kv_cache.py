@@ -67,6 +67,9 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Blocks nobody holds, least recently freed first; cached ones among them stay findable.
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # The free blocks that still hold a registered prefix, in the same order, kept as blocks
+        # come and go so that counting them never scans the pool (a GPU pool has ~10^5 blocks).
+        self.cached_free: dict[int, None] = {}
         self.cached: dict[bytes, int] = {}  # chain hash -> block id
         self.prefix_cache_queries = 0  # full blocks looked up at admission
         self.prefix_cache_hits = 0  # of those, blocks found in the cache
@@ -79,11 +82,16 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_blocks)
 
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """How many free blocks still hold a registered prefix, in O(1)."""
+        return len(self.cached_free)
+
     def cached_free_blocks(self) -> list[int]:
-        """Free blocks that still hold a registered prefix: reusable until evicted."""
-        if not self.enable_prefix_caching:
-            return []
-        return [b for b in self.free_blocks if self.blocks[b].hash is not None]
+        """Free blocks that still hold a registered prefix: reusable until evicted.
+
+        Least recently freed first; costs one copy of those ids, never a scan of the pool."""
+        return list(self.cached_free)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -126,6 +134,7 @@ class BlockManager:
         for block_id in prefix:
             self.blocks[block_id].ref_count += 1
             self.free_blocks.pop(block_id, None)
+            self.cached_free.pop(block_id, None)
             req.block_table.append(block_id)
         for _ in range(self.num_blocks_for(num_tokens) - len(req.block_table)):
             req.block_table.append(self._take_free_block())
@@ -139,6 +148,8 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_blocks[block_id] = None
+                if block.hash is not None:  # only full, computed blocks carry a hash
+                    self.cached_free[block_id] = None
         req.block_table = []
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -162,6 +173,7 @@ class BlockManager:
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: the block is about to hold other tokens
+            del self.cached_free[block_id]
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
             block.hash, block.token_ids = None, ()

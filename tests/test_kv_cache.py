@@ -9,7 +9,7 @@ against what was really written into it, not against the manager's own bookkeepi
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import pytest
 from hypothesis import settings
@@ -178,6 +178,24 @@ def test_eviction_takes_the_least_recently_freed_block_first() -> None:
     assert c.block_table == [b_block]
     assert bm.match_prefix([3, 4, 0]).block_ids == []  # evicted
     assert bm.match_prefix([1, 2, 0]).block_ids == [a_block]  # still cached
+
+
+class UnscannableFreeList(OrderedDict):
+    """A free list that fails any pass over it, to prove a count never walks the pool."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("the free list was scanned")
+
+
+def test_cached_free_blocks_are_counted_without_scanning_the_free_list() -> None:
+    bm = BlockManager(num_blocks=1000, block_size=2, enable_prefix_caching=True)
+    a = make_request([1, 2, 3, 4, 0])
+    compute(bm, a, 4)  # blocks 0 and 1, both full and cached
+    bm.free(a)  # the tail first
+    bm.free_blocks = UnscannableFreeList(bm.free_blocks)
+    assert bm.cached_free_blocks() == [1, 0] and bm.num_cached_free_blocks == 2
+    assert bm.allocate(make_request([9, 9, 9]), 3)  # the front of the list: two unused blocks
+    assert bm.num_cached_free_blocks == 2
 
 
 def test_a_requests_tail_blocks_are_evicted_before_its_head() -> None:
@@ -356,6 +374,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert free.isdisjoint(held) and free | set(held) == set(range(bm.num_blocks))
         for block in bm.blocks:
             assert block.ref_count == held[block.block_id] >= 0
+
+    @invariant()
+    def the_cached_free_count_matches_a_scan_of_the_free_list(self) -> None:
+        bm = self.bm  # kept incrementally; a scan is the definition it must equal, in order
+        scan = [b for b in bm.free_blocks if bm.blocks[b].hash is not None]
+        assert bm.cached_free_blocks() == scan and bm.num_cached_free_blocks == len(scan)
 
     @invariant()
     def the_prefix_cache_points_at_what_was_computed(self) -> None:
