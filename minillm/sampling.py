@@ -80,47 +80,94 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 
 class Sampler:
-    """Picks one token per row of logits, each row with its own request's parameters."""
+    """Picks one token per row of logits, each row with its own request's parameters.
+
+    The whole batch is sampled at once, with no read-back until the chosen tokens: per-row
+    settings go to the device in one non-blocking copy, and each row draws from its own
+    generator, so batching never changes a request's samples. Sorting the vocabulary happens
+    only when some row asks for top-k or top-p.
+    """
 
     def __call__(
         self,
         logits: torch.Tensor,
         params: list[SamplingParams],
-        generators: list[torch.Generator],
+        generators: list[torch.Generator | None],
     ) -> SampleResult:
-        """logits (B, V) float32, one row per request that samples this step."""
+        """logits (B, V), one row per request that samples this step; generators[i] is row i's
+        (None for greedy rows)."""
         logits = logits.float()
-        greedy = logits.argmax(dim=-1)  # (B,)
-        tokens = greedy.clone()
-        sampled_rows = [i for i, p in enumerate(params) if p.temperature > 0]
-        if sampled_rows:
-            rows = torch.tensor(sampled_rows, device=logits.device)
-            temperature = torch.tensor([params[i].temperature for i in sampled_rows],
-                                       device=logits.device)
-            top_k = torch.tensor([params[i].top_k for i in sampled_rows], device=logits.device)
-            top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=logits.device)
-            scaled = logits[rows] / temperature[:, None]  # (R, V)
-            probs = apply_top_k_top_p(scaled, top_k, top_p).softmax(dim=-1)
-            for j, i in enumerate(sampled_rows):
-                # Each request draws from its own generator, so batching never changes its samples.
-                tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
-        token_ids = tokens.tolist()
-        return SampleResult(token_ids, self._logprobs(logits, params, token_ids))
+        tokens = self.sample(logits, params, generators)  # (B,) on the logits' device
+        if all(p.logprobs is None for p in params):
+            return SampleResult(tokens.tolist(), [None] * len(params))  # the step's one read-back
+        return self._with_logprobs(logits, params, tokens)
 
     @staticmethod
-    def _logprobs(
-        logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int]
-    ) -> list[dict[int, float] | None]:
-        if all(p.logprobs is None for p in params):
-            return [None] * len(params)
+    def sample(logits: torch.Tensor, params: list[SamplingParams],
+               generators: list[torch.Generator | None]) -> torch.Tensor:
+        """The chosen token of each row: (B, V) float32 -> (B,) int64, without a read-back."""
+        rows = [i for i, p in enumerate(params) if p.temperature > 0]
+        if not rows:
+            return logits.argmax(dim=-1)
+        settings = host_to_device(
+            [[params[i].temperature for i in rows], [params[i].top_k for i in rows],
+             [params[i].top_p for i in rows]], torch.float32, logits.device)  # (3, R)
+        temperature, top_k, top_p = settings
+        every_row = len(rows) == len(params)
+        row_ids = None if every_row else host_to_device(rows, torch.int64, logits.device)
+        scaled = (logits if every_row else logits[row_ids]) / temperature[:, None]  # (R, V)
+        if any(params[i].top_k > 0 or params[i].top_p < 1.0 for i in rows):
+            scaled = apply_top_k_top_p(scaled, top_k.long(), top_p)
+        chosen = exponential_race(scaled.softmax(dim=-1), [generators[i] for i in rows])
+        if every_row:
+            return chosen
+        tokens = logits.argmax(dim=-1)  # (B,): the greedy rows keep theirs
+        tokens[row_ids] = chosen
+        return tokens
+
+    @staticmethod
+    def _with_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor
+                       ) -> SampleResult:
+        """Tokens plus, for rows that ask, the top-k log-probabilities of the model's raw
+        distribution and the chosen token's, all read back in one copy."""
         logprobs = logits.log_softmax(dim=-1)  # (B, V): the model's own distribution
+        k = max(p.logprobs or 0 for p in params)
+        top = logprobs.topk(k, dim=-1)  # (B, k), best first; row i keeps its first logprobs
+        chosen = logprobs.gather(1, tokens[:, None])  # (B, 1)
+        # One (B, 2 + 2k) float64 read-back: token ids below 2**53 are exact in float64.
+        host = torch.cat([tokens[:, None].double(), chosen.double(), top.indices.double(),
+                          top.values.double()], dim=1).tolist()
+        token_ids = [int(row[0]) for row in host]
         result: list[dict[int, float] | None] = []
-        for i, p in enumerate(params):
+        for row, p in zip(host, params):
             if p.logprobs is None:
                 result.append(None)
                 continue
-            top = logprobs[i].topk(p.logprobs) if p.logprobs else None
-            entry = dict(zip(top.indices.tolist(), top.values.tolist())) if top is not None else {}
-            entry[token_ids[i]] = logprobs[i, token_ids[i]].item()
+            ids, values = row[2:2 + p.logprobs], row[2 + k:2 + k + p.logprobs]
+            entry = {int(t): v for t, v in zip(ids, values)}
+            entry[int(row[0])] = row[1]
             result.append(entry)
-        return result
+        return SampleResult(token_ids, result)
+
+
+def exponential_race(probs: torch.Tensor, generators: list[torch.Generator | None]
+                     ) -> torch.Tensor:
+    """One sample per row of probs (R, V): argmax of probs / E with E ~ Exp(1) i.i.d.
+
+    Token v wins with probability probs[v] (the smallest of independent exponentials E_v / p_v
+    is E_v / p_v's with probability p_v / sum p). It is how torch.multinomial draws a single
+    sample (ATen's Distributions.cpp), so a row's draws are the same as multinomial's with the
+    same generator; but multinomial also reads back a validity check per call, and this draws
+    the noise row by row (each request's own generator) and takes one argmax over the batch.
+    """
+    noise = torch.empty_like(probs)  # (R, V)
+    for row, generator in zip(noise, generators):
+        row.exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)  # (R,)
+
+
+def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of values on device without stalling the host: a CUDA copy from pinned memory
+    is asynchronous, and the caching host allocator keeps the buffer alive until it completes."""
+    pinned = device.type == "cuda"
+    return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=pinned)

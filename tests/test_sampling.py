@@ -1,10 +1,13 @@
-"""Sampler and SamplingParams: validation, greedy, top-k / top-p masks, per-request seeds."""
+"""Sampler and SamplingParams: validation, greedy, top-k / top-p masks, per-request seeds, and
+the batched sampler's contract: no read-back but the tokens, no sort unless asked, the same
+draws as torch.multinomial with the same generators."""
 
 import math
 
 import pytest
 import torch
 
+from minillm import sampling
 from minillm.sampling import Sampler, SamplingParams, apply_top_k_top_p
 
 
@@ -92,3 +95,149 @@ def test_top_k_one_equals_greedy():
     gens = [torch.Generator().manual_seed(i) for i in range(5)]
     res = Sampler()(logits, [SamplingParams(temperature=0.8, top_k=1)] * 5, gens)
     assert res.token_ids == logits.argmax(-1).tolist()
+
+
+def mixed_params(B: int) -> list[SamplingParams]:
+    """Greedy rows, plain temperature, top-k, top-p and logprobs, interleaved."""
+    kinds = [dict(temperature=0.0), dict(temperature=0.7), dict(temperature=1.3, top_k=5),
+             dict(temperature=1.0, top_p=0.9, logprobs=2), dict(temperature=0.9, logprobs=0)]
+    return [SamplingParams(**kinds[i % len(kinds)]) for i in range(B)]
+
+
+def generators_for(params: list[SamplingParams], seed: int) -> list[torch.Generator | None]:
+    return [torch.Generator().manual_seed(seed + i) if p.temperature > 0 else None
+            for i, p in enumerate(params)]
+
+
+def multinomial_sampler(logits: torch.Tensor, params: list[SamplingParams],
+                        generators: list[torch.Generator | None]) -> list[int]:
+    """The sampler before the batched one: per row, filter (always sorting) and multinomial."""
+    tokens = logits.argmax(dim=-1)
+    for i, p in enumerate(params):
+        if p.temperature > 0:
+            scaled = logits[i:i + 1] / p.temperature
+            probs = apply_top_k_top_p(scaled, torch.tensor([p.top_k]),
+                                      torch.tensor([p.top_p])).softmax(dim=-1)[0]
+            tokens[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+    return tokens.tolist()
+
+
+def test_fixed_seeds_give_the_tokens_multinomial_gave():
+    """The exponential race is how torch.multinomial draws one sample, so every seeded stream
+    (and every test output that depends on one) is unchanged by batching the sampler."""
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(20):
+        logits = torch.randn(10, 500, generator=gen) * 3
+        params = mixed_params(10)
+        expected = multinomial_sampler(logits, params, generators_for(params, 100 * trial))
+        got = Sampler()(logits, params, generators_for(params, 100 * trial)).token_ids
+        assert got == expected
+
+
+def test_sorts_only_when_top_k_or_top_p_asks(monkeypatch):
+    sorts = []
+    real_sort = torch.Tensor.sort
+    monkeypatch.setattr(torch.Tensor, "sort",
+                        lambda self, *a, **k: sorts.append(1) or real_sort(self, *a, **k))
+    logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
+    plain = [SamplingParams(temperature=0.8), SamplingParams(temperature=0.0)] * 2
+    Sampler()(logits, plain, generators_for(plain, 0))
+    assert sorts == []  # a full-vocabulary sort per step costs more than the sampling itself
+    for asks in (SamplingParams(temperature=0.8, top_k=3), SamplingParams(top_p=0.5)):
+        Sampler()(logits, plain[:3] + [asks], generators_for(plain[:3] + [asks], 0))
+        assert len(sorts) == 1
+        sorts.clear()
+
+
+class ReadBacks:
+    """Counts the ways a tensor's values reach Python (each one a device sync on a GPU)."""
+
+    NAMES = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.calls: list[str] = []
+        for name in self.NAMES:
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counting(name, real))
+
+    def _counting(self, name, real):
+        def counted(tensor, *args, **kwargs):
+            self.calls.append(name)
+            return real(tensor, *args, **kwargs)
+        return counted
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_one_read_back_per_batch_and_no_multinomial(monkeypatch, logprobs):
+    """torch.multinomial reads a validity check back per call, and the old sampler called it
+    per row, with three host-to-device copies: a batch of 16 now reads back once."""
+    def no_multinomial(*args, **kwargs):
+        raise AssertionError("multinomial reads back a check per call")
+
+    monkeypatch.setattr(torch, "multinomial", no_multinomial)
+    params = mixed_params(16)
+    if not logprobs:
+        params = [SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
+                  for p in params]
+    logits = torch.randn(16, 300, generator=torch.Generator().manual_seed(1))
+    generators = generators_for(params, 3)
+    reads = ReadBacks(monkeypatch)
+    Sampler()(logits, params, generators)
+    assert reads.calls == ["tolist"]
+
+
+def test_settings_reach_the_device_in_one_copy(monkeypatch):
+    copies = []
+    real = sampling.host_to_device
+    monkeypatch.setattr(sampling, "host_to_device",
+                        lambda *a: copies.append(a[0]) or real(*a))
+    params = [SamplingParams(temperature=0.5 + i / 10, top_k=i) for i in range(8)]
+    Sampler()(torch.randn(8, 50), params, generators_for(params, 0))
+    assert len(copies) == 1  # temperature, top_k and top_p of every row together
+    params[2] = SamplingParams(temperature=0.0)
+    copies.clear()
+    Sampler()(torch.randn(8, 50), params, generators_for(params, 0))
+    assert len(copies) == 2  # and the rows that sample, when some are greedy
+
+
+@pytest.mark.parametrize("position", [0, 3, 6])
+def test_a_seeded_request_draws_the_same_whatever_the_batch(position):
+    logits = torch.randn(7, 1000, generator=torch.Generator().manual_seed(2))
+    mine = SamplingParams(temperature=1.0, top_p=0.95, seed=11)
+    alone = [Sampler()(logits[position:position + 1], [mine],
+                       [torch.Generator().manual_seed(11)]).token_ids[0]]
+    others = mixed_params(7)
+    others[position] = mine
+    generators = generators_for(others, 40)
+    generators[position] = torch.Generator().manual_seed(11)
+    in_batch = Sampler()(logits, others, generators).token_ids[position]
+    assert in_batch == alone[0]
+
+
+# Chi-square critical values at significance 1e-4 by degrees of freedom: a correct sampler
+# fails once in 10,000 seeds (these are fixed), a wrong one by far (a skipped temperature or
+# an off-by-one in top-p moves the statistic to the thousands).
+CHI2_CRITICAL_1E4 = {2: 18.42, 3: 21.11, 5: 25.74}
+
+
+@pytest.mark.parametrize("params, expected", [
+    (SamplingParams(temperature=1.0), [0.4, 0.25, 0.15, 0.1, 0.06, 0.04]),
+    # temperature 0.5 squares the probabilities before renormalizing
+    (SamplingParams(temperature=0.5), [0.16, 0.0625, 0.0225, 0.01, 0.0036, 0.0016]),
+    # top-p 0.75 keeps 0.4 + 0.25 + 0.15 = 0.8, the smallest set that reaches 0.75
+    (SamplingParams(temperature=1.0, top_p=0.75), [0.4, 0.25, 0.15, 0, 0, 0]),
+    (SamplingParams(temperature=1.0, top_k=4), [0.4, 0.25, 0.15, 0.1, 0, 0]),
+])
+def test_sampled_frequencies_follow_the_filtered_distribution(params, expected):
+    N = 20000
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    logits = probs.log()[None].repeat(N, 1)  # (N, 6): N independent draws in one batch
+    generators = [torch.Generator().manual_seed(i) for i in range(N)]
+    tokens = Sampler()(logits, [params] * N, generators).token_ids
+    counts = torch.bincount(torch.tensor(tokens), minlength=6).double()
+    p = torch.tensor(expected, dtype=torch.float64)
+    p /= p.sum()
+    kept = p > 0
+    assert counts[~kept].sum() == 0  # filtered tokens are never drawn
+    chi2 = ((counts[kept] - N * p[kept]) ** 2 / (N * p[kept])).sum().item()
+    assert chi2 < CHI2_CRITICAL_1E4[int(kept.sum()) - 1], chi2
