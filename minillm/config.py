@@ -7,6 +7,9 @@ from typing import Literal
 
 Scheduling = Literal["continuous", "static"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
+# Above this many blocks a step's trace copy of the cached free blocks (up to the whole pool)
+# would rival the step itself; chapters' pools stay well under it (8,192 at most).
+TRACE_BLOCKS_MAX_POOL = 16_384
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,13 @@ class EngineConfig:
     max_model_len: longest sequence (prompt + output) in tokens; None takes the model's.
     enable_cuda_graphs: replay decode-only steps as CUDA graphs, one per batch-size bucket
         (minillm.cuda_graph); applies on CUDA with the triton backend, ignored elsewhere.
+    trace_block_tables: whether each step's StepRecord copies the scheduled block tables and the
+        cached free blocks (what the widgets draw). None records them while the pool has at most
+        TRACE_BLOCKS_MAX_POOL blocks (every chapter's pool), so that a step on a GPU-sized pool
+        costs the same whatever the pool's size.
+    max_trace_steps: keep at least the last max_trace_steps StepRecords and at most twice as
+        many (trimmed in one cut, so a step stays O(1) on average); None keeps every step, as
+        chapters that replay a whole run need. A long GPU run or a server sets it.
     """
 
     block_size: int = 16
@@ -36,6 +46,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     enable_cuda_graphs: bool = True
+    trace_block_tables: bool | None = None
+    max_trace_steps: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -68,6 +80,14 @@ class EngineConfig:
         if not isinstance(self.enable_cuda_graphs, bool):
             raise ValueError(
                 f"enable_cuda_graphs must be True or False, got {self.enable_cuda_graphs!r}")
+        if not (self.trace_block_tables is None or isinstance(self.trace_block_tables, bool)):
+            raise ValueError(f"trace_block_tables must be None, True or False, "
+                             f"got {self.trace_block_tables!r}")
+        if self.max_trace_steps is not None and (
+            not isinstance(self.max_trace_steps, int) or self.max_trace_steps < 1
+        ):
+            raise ValueError(
+                f"max_trace_steps must be a positive integer or None, got {self.max_trace_steps!r}")
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):

@@ -12,7 +12,7 @@ import torch
 
 from minillm.attention import get_backend
 from minillm.batch import Batch, build_batch
-from minillm.config import EngineConfig
+from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.kv_cache import BlockManager, allocate_kv_cache
 from minillm.model import LlamaForCausalLM
@@ -50,6 +50,9 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.trace: list[StepRecord] = []
+        self.num_steps = 0  # StepRecord.step: the trace may be trimmed (max_trace_steps)
+        self.trace_block_tables = (config.trace_block_tables if config.trace_block_tables
+                                   is not None else config.num_kv_blocks <= TRACE_BLOCKS_MAX_POOL)
         self.eos_token_ids = self._eos_token_ids()
         self._counter = itertools.count()
         # Set while a server's thread drives the engine (minillm.serve): no other thread may
@@ -162,7 +165,8 @@ class Engine:
             if self.has_unfinished_requests() and not out.preempted:
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return []
-        tables = {s.request.request_id: list(s.request.block_table) for s in out.scheduled}
+        tables = ({s.request.request_id: list(s.request.block_table) for s in out.scheduled}
+                  if self.trace_block_tables else {})  # copied now: finishing frees them
         batch = build_batch(out.scheduled, self.config.block_size, self.device)
         hidden = self._forward(batch)
         sampled = self._sample(batch, hidden)
@@ -229,13 +233,18 @@ class Engine:
 
     def _record(self, out: SchedulerOutput, start: float, end: float,
                 tables: dict[str, list[int]], finished: list[str]) -> None:
+        """Append the step's StepRecord: O(scheduled requests), plus the block data if traced."""
         entries = [ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
                                   s.num_computed_tokens) for s in out.scheduled]
+        bm, limit = self.block_manager, self.config.max_trace_steps
         self.trace.append(StepRecord(
-            step=len(self.trace), start=start, end=end, scheduled=entries,
-            num_free_blocks=self.block_manager.num_free_blocks, block_tables=tables,
+            step=self.num_steps, start=start, end=end, scheduled=entries,
+            num_free_blocks=bm.num_free_blocks, block_tables=tables,
             preempted=[r.request_id for r in out.preempted], finished=finished,
-            cached_blocks=self.block_manager.cached_free_blocks()))
+            cached_blocks=bm.cached_free_blocks() if self.trace_block_tables else []))
+        self.num_steps += 1
+        if limit is not None and len(self.trace) >= 2 * limit:
+            del self.trace[:-limit]  # one cut per limit steps: O(1) a step on average
 
     def stats(self) -> dict[str, int]:
         bm = self.block_manager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,9 +37,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """float32 on CPU and bfloat16 on GPU unless asked otherwise."""
+    """float32 on a CPU; on a GPU bfloat16 from compute capability 8.0 (Ampere) and float16
+    below it (a T4 is sm_75: no bfloat16 tensor cores, so Triton has no bf16 dot there). An
+    explicit dtype is the reader's choice and is kept."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        has_bf16 = torch.cuda.get_device_capability(device) >= (8, 0)
+        return torch.bfloat16 if has_bf16 else torch.float16
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
     if isinstance(dtype, str) and dtype in DTYPES:
@@ -46,21 +52,104 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise ValueError(f"dtype must be one of {sorted(DTYPES)} or a torch dtype, got {dtype!r}")
 
 
-def num_kv_blocks_for_memory(config: EngineConfig, model: LlamaForCausalLM, max_model_len: int
-                             ) -> int:
-    """The pool size that fits in memory: on a GPU, what gpu_memory_utilization leaves after the
-    weights; on a CPU, no more than every seat holding a full-length sequence."""
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """The GPU's memory around a warm-up of the largest step, in bytes (profile_memory).
+
+    total: the device's memory. free: free on the device after the warm-up, so other processes'
+    memory is already out of it. allocated: this process's tensors at rest (the weights).
+    peak: the most this process's tensors held during the warm-up step.
+    """
+
+    total: int
+    free: int
+    allocated: int
+    peak: int
+
+    @property
+    def step_bytes(self) -> int:
+        """Activations, logits and workspace of the largest step, freed when it ends."""
+        return self.peak - self.allocated
+
+
+def kv_pool_bytes(report: MemoryReport, gpu_memory_utilization: float) -> int:
+    """Bytes the KV pool may take: this process's share of the device less its own peak
+    (weights plus the largest step), and no more than what is free less that step, since other
+    processes keep what they hold but are not charged to this engine's share."""
+    share = report.total * gpu_memory_utilization - report.peak
+    free = report.free - report.step_bytes
+    return max(int(min(share, free)), 0)
+
+
+def num_kv_blocks_for_memory(config: EngineConfig, model: LlamaForCausalLM, max_model_len: int,
+                             report: MemoryReport | None = None) -> int:
+    """The pool size that fits in memory: on a GPU (report from profile_memory), kv_pool_bytes;
+    on a CPU, a quarter of gpu_memory_utilization's share of the RAM. Either way no more than
+    every seat holding a full-length sequence: more blocks would only keep more cached
+    prefixes, and a tiny model would get millions of blocks on a big GPU."""
     mc, weight = model.config, model.lm_head.weight
     block_bytes = kv_cache_block_bytes(mc.num_hidden_layers, config.block_size,
                                        mc.num_key_value_heads, mc.head_dim, weight.element_size())
-    if weight.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(weight.device)
-        activations = 512 * 2**20  # headroom for one step's activations and logits
-        budget = total * config.gpu_memory_utilization - (total - free) - activations
-        return max(int(budget // block_bytes), 1)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     seats = config.max_num_seqs * -(-max_model_len // config.block_size)
+    if report is not None:
+        blocks = kv_pool_bytes(report, config.gpu_memory_utilization) // block_bytes
+        if blocks < 1:
+            raise ValueError(
+                f"no GPU memory left for the KV cache: the weights and the largest step peak at "
+                f"{report.peak / 2**30:.2f} GiB of {report.total / 2**30:.2f} GiB with "
+                f"{report.free / 2**30:.2f} GiB free; raise gpu_memory_utilization="
+                f"{config.gpu_memory_utilization} or lower max_num_batched_tokens")
+        return min(blocks, seats)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return max(min(int(ram * config.gpu_memory_utilization * 0.25 // block_bytes), seats), 1)
+
+
+def run_largest_step(model: LlamaForCausalLM, config: EngineConfig, max_model_len: int
+                     ) -> StepRecord:
+    """One engine step of max_num_batched_tokens prompt tokens split over max_num_seqs requests,
+    each sampled: the most activations and the most logits a step of this config can have.
+    It runs on a throwaway pool just big enough, without CUDA graphs."""
+    num_seqs = min(config.max_num_seqs, config.max_num_batched_tokens)
+    tokens = min(config.max_num_batched_tokens, num_seqs * (max_model_len - 1))
+    lengths = [tokens // num_seqs + (i < tokens % num_seqs) for i in range(num_seqs)]
+    blocks = sum(-(-(n + 1) // config.block_size) for n in lengths)
+    warm_config = dataclasses.replace(
+        config, num_kv_blocks=blocks, max_model_len=max_model_len, scheduling="continuous",
+        enable_cuda_graphs=False, enable_prefix_caching=False, trace_block_tables=False)
+    engine = Engine(model, None, warm_config)
+    vocab = model.config.vocab_size
+    # top_k and top_p take the sampler's heaviest path (a sort over the vocabulary).
+    params = SamplingParams(max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, ignore_eos=True)
+    for i, n in enumerate(lengths):
+        engine.add_request([(i + t) % vocab for t in range(n)], params)
+    engine.step()
+    return engine.trace[-1]
+
+
+def profile_memory(model: LlamaForCausalLM, config: EngineConfig, max_model_len: int
+                   ) -> MemoryReport:
+    """Measure the largest step's peak on the GPU, as vLLM's profile run does."""
+    device = model.lm_head.weight.device
+    torch.cuda.empty_cache()  # a weight cast leaves freed blocks cached: not memory in use
+    torch.cuda.reset_peak_memory_stats(device)
+    allocated = torch.cuda.memory_allocated(device)
+    run_largest_step(model, config, max_model_len)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    gc.collect()  # the throwaway engine and its pool go before free memory is read
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return MemoryReport(total=total, free=free, allocated=allocated, peak=peak)
+
+
+def describe_pool(num_blocks: int, block_bytes: int, block_size: int,
+                  report: MemoryReport) -> str:
+    """One line on the pool chosen and what it was sized against."""
+    gib = 2**30
+    return (f"KV pool: {num_blocks:,} blocks x {block_size} tokens = {num_blocks * block_size:,} "
+            f"tokens, {num_blocks * block_bytes / gib:.2f} GiB (GPU {report.total / gib:.1f} GiB:"
+            f" weights {report.allocated / gib:.2f} GiB, largest step "
+            f"{report.step_bytes / gib:.2f} GiB, free {report.free / gib:.2f} GiB)")
 
 
 class LLM:
@@ -92,10 +181,25 @@ class LLM:
         if mc.sliding_window is not None and max_len > mc.sliding_window:
             raise ValueError(f"max_model_len={max_len} exceeds the model's sliding window "
                              f"({mc.sliding_window}), which minillm does not implement")
-        blocks = config.num_kv_blocks or num_kv_blocks_for_memory(config, net, max_len)
-        config = dataclasses.replace(config, max_model_len=max_len, num_kv_blocks=blocks)
+        config = dataclasses.replace(config, max_model_len=max_len)
+        blocks = config.num_kv_blocks or self._size_pool(config, net, max_len)
+        config = dataclasses.replace(config, num_kv_blocks=blocks)
         self.engine = Engine(net, tokenizer, config)
         self.config, self.tokenizer, self.model = config, tokenizer, net
+
+    @staticmethod
+    def _size_pool(config: EngineConfig, net: LlamaForCausalLM, max_len: int) -> int:
+        """num_kv_blocks_for_memory; on a GPU after profiling the largest step, said aloud."""
+        if net.lm_head.weight.device.type != "cuda":
+            return num_kv_blocks_for_memory(config, net, max_len)
+        report = profile_memory(net, config, max_len)
+        blocks = num_kv_blocks_for_memory(config, net, max_len, report)
+        mc = net.config
+        block_bytes = kv_cache_block_bytes(mc.num_hidden_layers, config.block_size,
+                                           mc.num_key_value_heads, mc.head_dim,
+                                           net.lm_head.weight.element_size())
+        print(describe_pool(blocks, block_bytes, config.block_size, report))
+        return blocks
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,

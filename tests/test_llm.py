@@ -230,3 +230,114 @@ def test_trace_names_finished_requests_and_cached_blocks():
     assert last.finished == ["0"]
     assert last.cached_blocks and set(last.cached_blocks) <= set(last.block_tables["0"])
     assert sorted(r for step in llm.trace for r in step.finished) == ["0"]
+
+
+# ---- dtype per device (issue 13, item 1) ------------------------------------------------------
+
+@pytest.mark.parametrize("capability, want", [
+    ((7, 5), "float16"),  # T4 (free Colab/Kaggle): no bfloat16 tensor cores
+    ((7, 0), "float16"),  # V100
+    ((8, 0), "bfloat16"),  # A100
+    ((8, 9), "bfloat16"),  # L4
+    ((9, 0), "bfloat16"),  # H100, H200
+])
+def test_default_gpu_dtype_follows_the_compute_capability(monkeypatch, capability, want):
+    import torch
+
+    from minillm.llm import resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert resolve_dtype(None, torch.device("cuda")) == getattr(torch, want)
+    # An explicit dtype is the reader's choice, whatever the device.
+    assert resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype(torch.float32, torch.device("cuda")) == torch.float32
+    assert resolve_dtype(None, torch.device("cpu")) == torch.float32
+
+
+# ---- KV pool sizing from a profiled step (issue 13, item 6) -----------------------------------
+
+GB = 10**9
+
+
+def fake_report(weights=16 * GB, step=2 * GB, others=5 * GB, context=GB // 2, total=80 * GB):
+    from minillm.llm import MemoryReport
+
+    return MemoryReport(total=total, free=total - weights - others - context,
+                        allocated=weights, peak=weights + step)
+
+
+def test_pool_bytes_are_this_process_share_less_its_peak_not_other_processes_memory():
+    from minillm.llm import kv_pool_bytes
+
+    # 80 GB at 0.9 is 72 GB; our weights and largest step peak at 18 GB: 54 GB, although another
+    # process holds 5 GB (the old mem_get_info rule charged those to us: 72 - 21.5 - 0.5 = 50).
+    assert kv_pool_bytes(fake_report(), 0.9) == 54 * GB
+    # A bigger step leaves exactly that much less.
+    assert kv_pool_bytes(fake_report(step=6 * GB), 0.9) == 50 * GB
+    # What other processes hold is never taken: 80 - 16 - 30 - 0.5 free, less the 2 GB step.
+    assert kv_pool_bytes(fake_report(others=30 * GB), 0.9) == 31.5 * GB
+    assert kv_pool_bytes(fake_report(others=70 * GB), 0.9) == 0
+
+
+def test_pool_blocks_from_a_faked_report_are_capped_at_full_seats():
+    from minillm import EngineConfig, ModelConfig
+    from minillm.kv_cache import kv_cache_block_bytes
+    from minillm.llm import LlamaForCausalLM, MemoryReport, num_kv_blocks_for_memory
+
+    shape = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16)
+    net = LlamaForCausalLM.random(shape)
+    block = kv_cache_block_bytes(2, 16, 2, 16, 4)  # 8 KiB in float32
+    config = EngineConfig(max_num_seqs=4, gpu_memory_utilization=0.5)
+    report = MemoryReport(total=2**30, free=2**29, allocated=2**20, peak=2**21)
+    pool = 2**29 - 2**21  # half the card less the peak; free less the step is more
+    assert num_kv_blocks_for_memory(config, net, 10**6, report) == pool // block
+    assert num_kv_blocks_for_memory(config, net, 1024, report) == 4 * 1024 // 16  # seats
+    full = MemoryReport(total=2**30, free=2**20, allocated=2**20, peak=2**21)
+    with pytest.raises(ValueError, match="no GPU memory left for the KV cache"):
+        num_kv_blocks_for_memory(config, net, 1024, full)
+
+
+def test_profile_memory_empties_the_cache_then_measures_the_largest_step(monkeypatch):
+    import torch
+
+    import minillm.llm as llm_module
+
+    calls = []
+    fake = {"empty_cache": None, "reset_peak_memory_stats": None, "synchronize": None,
+            "memory_allocated": 3 * GB, "max_memory_allocated": 5 * GB,
+            "mem_get_info": (60 * GB, 80 * GB)}
+    for name, value in fake.items():
+        monkeypatch.setattr(torch.cuda, name,
+                            lambda *a, name=name, value=value: calls.append(name) or value)
+    monkeypatch.setattr(llm_module, "run_largest_step", lambda *a: calls.append("step"))
+    net = llm_module.LlamaForCausalLM.random(llm_module.ModelConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    report = llm_module.profile_memory(net, llm_module.EngineConfig(), 64)
+    assert report == llm_module.MemoryReport(total=80 * GB, free=60 * GB, allocated=3 * GB,
+                                             peak=5 * GB)
+    # Cached blocks left by a weight cast go before anything is read; free is read last.
+    assert calls.index("empty_cache") < calls.index("memory_allocated") < calls.index("step")
+    assert calls.index("reset_peak_memory_stats") < calls.index("step")
+    assert calls.index("step") < calls.index("max_memory_allocated") < calls.index("mem_get_info")
+    assert "empty_cache" in calls[calls.index("step"):calls.index("mem_get_info")]
+    line = llm_module.describe_pool(1000, 2**20, 16, report)
+    assert "1,000 blocks x 16 tokens = 16,000 tokens, 0.98 GiB" in line
+    assert "largest step 1.86 GiB" in line
+
+
+def test_the_profiled_step_is_the_largest_a_config_allows():
+    from minillm import EngineConfig, ModelConfig
+    from minillm.llm import LlamaForCausalLM, run_largest_step
+
+    net = LlamaForCausalLM.random(ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    record = run_largest_step(net, EngineConfig(max_num_seqs=6, max_num_batched_tokens=100), 512)
+    assert record.num_tokens == 100 and len(record.scheduled) == 6  # the whole budget, every seat
+    assert record.finished == [e.request_id for e in record.scheduled]  # each one sampled
+    # A short max_model_len caps each prompt (one slot is left for the sampled token).
+    record = run_largest_step(net, EngineConfig(max_num_seqs=6, max_num_batched_tokens=100), 9)
+    assert record.num_tokens == 48
