@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.sampling import host_to_device
 from minillm.scheduler import ScheduledRequest
 
 
@@ -80,19 +81,29 @@ def build_batch(scheduled: list[ScheduledRequest], block_size: int, device: torc
     max_blocks = max(len(s.request.block_table) for s in scheduled)
     tables = [s.request.block_table + [0] * (max_blocks - len(s.request.block_table))
               for s in scheduled]
-
-    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
+    # The step's metadata reaches the device here, once, in one copy per dtype from pinned
+    # memory: the layers and the sampler read device tensors only, so nothing in the step
+    # waits on a host-to-device copy (the attention backends must not build their own).
+    input_ids_d, positions_d, slots_d, sample_d = to_device(
+        [input_ids, positions, slots, sample_rows], torch.int64, device)
+    query_start_d, seq_lens_d, tables_d = to_device(
+        [query_start, seq_lens, [b for table in tables for b in table]], torch.int32, device)
     attn = AttentionMetadata(
-        slot_mapping=tensor(slots, torch.int64),
-        query_start_loc=tensor(query_start, torch.int32),
-        seq_lens=tensor(seq_lens, torch.int32),
-        block_tables=tensor(tables, torch.int32),
+        slot_mapping=slots_d,
+        query_start_loc=query_start_d,
+        seq_lens=seq_lens_d,
+        block_tables=tables_d.view(len(scheduled), max_blocks),
         query_lens=[s.num_tokens for s in scheduled],
         seq_lens_cpu=seq_lens,
         query_start_cpu=query_start,
         block_size=block_size,
     )
-    return Batch(tensor(input_ids, torch.int64), tensor(positions, torch.int64), attn,
-                 tensor(sample_rows, torch.int64), sampled)
+    return Batch(input_ids_d, positions_d, attn, sample_d, sampled)
+
+
+def to_device(parts: list[list[int]], dtype: torch.dtype, device: torch.device
+              ) -> list[torch.Tensor]:
+    """Each list as a 1-D tensor on device, all through one (pinned, non-blocking) copy: views
+    of one flat tensor, so the copy is launched once whatever the number of parts."""
+    flat = host_to_device([v for part in parts for v in part], dtype, device)
+    return list(flat.split([len(part) for part in parts]))

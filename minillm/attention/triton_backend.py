@@ -1,8 +1,8 @@
 """The Triton attention backend: the same forward as TorchAttention, run by the Triton kernels.
 
-A step's requests split by query length: one new token (decode) goes to the decode kernel,
-which shares each K/V tile across the query heads of a group; more (a prompt or a chunk of
-one, over any cached prefix) go to the extend kernel.
+One launch per layer: a decode-only step goes to the decode kernel, which shares each K/V tile
+across the query heads of a group (and splits long contexts); any step with a prompt or a chunk
+of one goes to the extend kernel whole, its decodes as extends of one token.
 
 Importing this module defines the kernels, and triton.jit decides then, once, whether they are
 compiled for CUDA or run by the CPU interpreter (TRITON_INTERPRET=1).
@@ -52,15 +52,8 @@ class TritonAttention:
         write_kv(k, v, kv_cache, meta.slot_mapping)
         if meta.max_query_len == 1:  # all decode: row b is request b
             return decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens)
-        out = torch.empty_like(q)
-        decodes = [b for b, n in enumerate(meta.query_lens) if n == 1]
-        extends = [b for b, n in enumerate(meta.query_lens) if n > 1]
-        if decodes:
-            rows = torch.tensor([meta.query_start_cpu[b] for b in decodes], device=q.device)
-            seqs = torch.tensor(decodes, device=q.device)
-            out[rows] = decode_attention(q[rows], kv_cache, meta.block_tables[seqs],
-                                         meta.seq_lens[seqs])
-        seq_ids = torch.tensor(extends, dtype=torch.int32).to(q.device, non_blocking=True)
-        extend_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                         meta.max_query_len, seq_ids=seq_ids, out=out)
-        return out
+        # Prompts and chunks, and in a mixed step its decodes too, in one launch: a decode is an
+        # extend of one token (SGLang's mixed batches do the same). Splitting the step between
+        # the two kernels would need per-layer index tensors and gather/scatter launches.
+        return extend_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens,
+                                meta.block_tables, meta.max_query_len)
