@@ -24,7 +24,9 @@ class StepRecord:
     listed under two requests is shared); num_free_blocks counts the pool's free blocks after
     the step (finished requests returned); cached_blocks lists the free blocks that still hold
     a cached prefix (reusable until evicted); preempted and finished name the requests that
-    were preempted by, or finished in, this step.
+    were preempted by, or finished in, this step. block_tables and cached_blocks stay empty when
+    the engine does not trace block data (EngineConfig.trace_block_tables: by default, pools
+    over TRACE_BLOCKS_MAX_POOL blocks), so that a step costs the same whatever the pool's size.
     """
 
     step: int
