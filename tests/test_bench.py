@@ -1,11 +1,16 @@
 """The engine benchmark runs end to end on a small workload and reports its ratios.
 
-Speed itself is never asserted here: the benchmark prints ratios measured side by side.
+Speed itself is never asserted here: the benchmark prints ratios measured side by side. What is
+asserted is how it measures: threads settled, contenders interleaved in a rotated order, and a
+median over rounds that one stalled run cannot flip.
 """
 
 import argparse
 
-from minillm import default_model_path
+import pytest
+
+from minillm import default_model_path, machine
+from minillm.bench import __main__ as bench_cli
 from minillm.bench import engine as bench_engine
 
 
@@ -18,11 +23,40 @@ def test_heavy_tailed_workload_is_seeded_and_heavy_tailed():
     assert all(0 <= t < 100 for r in reqs for t in r.prompt_token_ids)
 
 
-def test_engine_benchmark_reports_ratios(capsys):
-    args = argparse.Namespace(model=default_model_path(), num_requests=6, batch_size=3, seed=0)
+def test_rounds_rotate_which_contender_runs_first():
+    calls = []
+    contenders = {name: (lambda name=name: calls.append(name) or 1.0) for name in "abc"}
+    rounds = bench_engine.interleaved_rounds(contenders, rounds=4)
+    assert calls == list("abc" "bca" "cab" "abc")
+    assert rounds == [{"a": 1.0, "b": 1.0, "c": 1.0}] * 4  # keyed by name, whatever the order
+
+
+def test_one_stalled_run_moves_the_spread_not_the_median():
+    # Round 1: continuous shared its core with another process and took 12x as long. A single
+    # run would have reported 0.21x; the median of three still says 2.5x.
+    rounds = [{"continuous": 1.0, "static": 2.5}, {"continuous": 12.0, "static": 2.5},
+              {"continuous": 1.0, "static": 2.6}]
+    ratio = bench_engine.speedup(rounds, "continuous", "static")
+    assert ratio.median == pytest.approx(2.5)
+    assert "2.50x median of 3 rounds (range 0.21-2.60x)" == str(ratio)
+
+
+def test_engine_benchmark_reports_median_ratios_with_spread(capsys, monkeypatch):
+    settled = []
+    monkeypatch.setattr(machine, "settle_threads", lambda: settled.append(True) or 1)
+    args = argparse.Namespace(model=default_model_path(), num_requests=6, batch_size=3, seed=0,
+                              rounds=2)
     ratios = bench_engine.main(args)
     out = capsys.readouterr().out
+    assert settled, "the benchmark settles torch's threads before it times anything"
     assert set(ratios) == {"continuous / static", "continuous / transformers"}
-    assert all(r > 0 for r in ratios.values())
-    assert "tokens/s" in out and "continuous / static" in out
+    assert all(len(r.per_round) == 2 and r.median > 0 for r in ratios.values())
+    assert "tokens/s" in out and "continuous / static: " in out and "median of 2 rounds" in out
 
+
+def test_every_bench_command_settles_threads_first(monkeypatch):
+    order = []
+    monkeypatch.setattr(machine, "settle_threads", lambda: order.append("settle") or 1)
+    monkeypatch.setattr(bench_engine, "main", lambda args: order.append("engine") or {})
+    assert bench_cli.main(["engine"]) == 0
+    assert order == ["settle", "engine"]

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from minillm import machine
 from minillm.bench import chapters, engine, gpu, kernels, serve, simulate
 
 
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_arguments(sub.add_parser("simulate", help=simulate.__doc__.splitlines()[0]))
     chapters.add_arguments(sub.add_parser("chapters", help=chapters.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
+    # Every CPU figure is timed: on a small shared CPU, torch's threads must not stall behind
+    # another process's (machine.settle_threads). On a GPU this changes nothing.
+    machine.settle_threads()
     if args.command == "engine":
         engine.main(args)
         return 0

@@ -1,20 +1,24 @@
-"""The one prepared GPU run: kernel and engine figures, written to --out DIR as JSON and Markdown.
+"""The one prepared GPU run: kernel and engine figures, tests and a chapter, written to --out DIR.
 
 Everything `bench kernels` measures, plus the engine on a Llama-3.2-1B-shaped model with
 random weights in bf16 (a shape, not the checkpoint: nothing is downloaded):
-- decode TPOT at batch 1 against the weight-bandwidth roofline: every decode step reads every
-  weight once, so no step can beat weight bytes / copy bandwidth, both measured in this run;
+- decode TPOT at batch 1 against the weight-bandwidth roofline, with and without CUDA graphs:
+  every decode step reads every weight once, so no step can beat weight bytes / copy bandwidth,
+  both measured in this run;
 - one decode step (forward and logits) replayed as a CUDA graph, against the same step eagerly
   and against the roofline: what is left between it and the TPOT is the engine's host work;
-- generation throughput of the engine against transformers' generate on the same weights;
-- every chapter's code cells on this GPU (`bench chapters`): which cells, and asserts, held.
-Writes DIR/gpu-bench.json and DIR/gpu-bench.md (after every part, so a cut run keeps what it
-measured). Takes a few minutes on an H100/H200; CUDA only.
+- throughput of the engine against transformers' generate on a nano-vllm-like workload (many
+  sequences, prompts and outputs of 100-1024 random tokens), scaled to fit the run;
+- the GPU-marked tests, and one chapter under nbval (minillm.bench.gpu_checks).
+Writes DIR/gpu-bench.json and DIR/gpu-bench.md after every part, so a cut run keeps what it
+measured, with each part's seconds. About 5 minutes on an H100; CUDA only. It imports nothing
+of the server (FastAPI, uvicorn, aiohttp, openai), which a lent GPU machine does not have.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -25,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from minillm.bench import chapters, kernels
+from minillm.bench import gpu_checks, kernels
+from minillm.bench.engine import BenchRequest, generate_padded
 from minillm.bench.kernels import Figure
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.llm import LLM
@@ -40,12 +45,20 @@ LLAMA_3_2_1B = ModelConfig(
 MODEL_NAME = "Llama-3.2-1B shape"
 
 
-def make_llm(max_num_seqs: int, max_model_len: int) -> LLM:
+def make_llm(max_num_seqs: int, max_model_len: int, cuda_graphs: bool = True,
+             **engine_args: object) -> LLM:
     """The engine on the 1B shape, with a KV pool of exactly max_num_seqs full sequences."""
     blocks = max_num_seqs * -(-max_model_len // 16)
     return LLM(LLAMA_3_2_1B, device="cuda", dtype="bfloat16", attention_backend="triton",
                block_size=16, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-               num_kv_blocks=blocks)
+               num_kv_blocks=blocks, enable_cuda_graphs=cuda_graphs, **engine_args)
+
+
+def free() -> None:
+    """Return the GPU memory of engines and models no longer referenced (the caller has
+    dropped its references) to the device, so the next part starts from an empty pool."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def random_prompts(num: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -73,8 +86,10 @@ def tpot_figure(llm: LLM, roofline: float, new_tokens: int = 256) -> Figure:
     llm.generate(prompt, greedy(8), use_tqdm=False)  # warm-up
     outs = [llm.generate(prompt, greedy(new_tokens), use_tqdm=False)[0] for _ in range(3)]
     tpot = statistics.median(o.metrics.tpot or 0.0 for o in outs)
-    return Figure(f"decode TPOT B=1, {MODEL_NAME}", tpot * 1e3, "ms",
-                  "weight-bandwidth roofline", roofline * 1e3, roofline / tpot, target=0.60)
+    graphs = "with" if llm.config.enable_cuda_graphs else "without"
+    return Figure(f"decode TPOT B=1, {MODEL_NAME}, {graphs} CUDA graphs", tpot * 1e3, "ms",
+                  "weight-bandwidth roofline", roofline * 1e3, roofline / tpot,
+                  target=0.60 if graphs == "with" else None)
 
 
 def graph_figures(llm: LLM, roofline: float) -> list[Figure]:
@@ -97,13 +112,22 @@ def graph_figures(llm: LLM, roofline: float) -> list[Figure]:
     ]
 
 
-def transformers_model(model: LlamaForCausalLM) -> torch.nn.Module:
-    """transformers' Llama with the same weights (the state dict names are the same)."""
+def nano_vllm_workload(num_seqs: int, vocab_size: int, seed: int = 0,
+                       lengths: tuple[int, int] = (100, 1024)) -> list[BenchRequest]:
+    """nano-vllm's benchmark: random prompts and outputs, each of a uniform 100-1024 tokens."""
+    rng = random.Random(seed)
+    return [BenchRequest([rng.randrange(vocab_size) for _ in range(rng.randint(*lengths))],
+                         rng.randint(*lengths)) for _ in range(num_seqs)]
+
+
+def transformers_model(config: ModelConfig) -> torch.nn.Module:
+    """transformers' Llama of the same shape in bf16, with its own random weights: every
+    output length is fixed (ignore_eos, min_new_tokens), so the work does not depend on them."""
     from transformers import LlamaConfig
     from transformers import LlamaForCausalLM as HFLlama
 
-    c = model.config
-    config = LlamaConfig(
+    c = config
+    hf_config = LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size,
         intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
         num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
@@ -111,50 +135,57 @@ def transformers_model(model: LlamaForCausalLM) -> torch.nn.Module:
         rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
         tie_word_embeddings=c.tie_word_embeddings)
     with torch.device("cuda"):
-        hf = HFLlama(config)
-    hf = hf.to(torch.bfloat16).eval()
-    hf.load_state_dict(model.state_dict())
-    return hf
+        hf = HFLlama(hf_config)
+    return hf.to(torch.bfloat16).eval()
 
 
-def seconds(fn: Callable[[], object]) -> float:
-    """Median wall time of fn() over two runs, after an untimed warm-up run."""
-    times = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+def wall_time(fn: Callable[[], object]) -> float:
+    """Seconds of one fn() call, the GPU's queue drained before and after."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
-def transformers_seconds(model: LlamaForCausalLM, prompts: list[list[int]], new_tokens: int
+def minillm_seconds(reqs: list[BenchRequest], warmup: list[BenchRequest]) -> float:
+    """Seconds for the engine to serve every request, all queued at once as nano-vllm's
+    benchmark does, after a warm-up on a few short ones."""
+    llm = make_llm(max_num_seqs=len(reqs), max_model_len=2048, max_num_batched_tokens=8192)
+
+    def serve(batch: list[BenchRequest]) -> None:
+        llm.generate([r.prompt_token_ids for r in batch], [greedy(r.max_tokens) for r in batch],
+                     use_tqdm=False)
+
+    serve(warmup)
+    return wall_time(lambda: serve(reqs))
+
+
+def transformers_seconds(reqs: list[BenchRequest], warmup: list[BenchRequest], batch: int
                          ) -> float:
-    """Seconds for transformers' greedy generate over the prompts as one batch."""
-    hf = transformers_model(model)
-    ids = torch.tensor(prompts, device="cuda")
-
-    def generate() -> None:
-        with torch.inference_mode():
-            hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                        pad_token_id=0)
-
-    return seconds(generate)
+    """Seconds for transformers' generate over padded batches in arrival order, each run to
+    its longest request's output, after a warm-up on a few short ones."""
+    hf = transformers_model(LLAMA_3_2_1B)
+    generate_padded(hf, warmup, pad=0)
+    return wall_time(lambda: [generate_padded(hf, reqs[i:i + batch], pad=0)
+                              for i in range(0, len(reqs), batch)])
 
 
-def throughput_figure(llm: LLM, batch: int = 16, prompt_len: int = 128,
-                      new_tokens: int = 128) -> Figure:
-    """Output tokens/s of the engine and of transformers' generate, same prompts and weights.
-    The prompts are of one length, so generate pads nothing and both do the same work."""
-    prompts = random_prompts(batch, prompt_len, seed=1)
-    ours = seconds(lambda: llm.generate(prompts, greedy(new_tokens), use_tqdm=False))
-    theirs = transformers_seconds(llm.model, prompts, new_tokens)
-    torch.cuda.empty_cache()
-    tokens = batch * new_tokens
-    return Figure(f"generate B={batch}, {prompt_len} + {new_tokens} tokens: minillm", tokens / ours,
-                  "tokens/s", "transformers generate", tokens / theirs, theirs / ours)
+def engine_vs_transformers(num_seqs: int, hf_batch: int) -> list[Figure]:
+    """Output tokens/s of the engine and of transformers' generate on the nano-vllm-like
+    workload; throughput counts requested tokens only (generate's padding work is its cost)."""
+    reqs = nano_vllm_workload(num_seqs, LLAMA_3_2_1B.vocab_size)
+    warmup = nano_vllm_workload(4, LLAMA_3_2_1B.vocab_size, seed=1, lengths=(16, 64))
+    tokens = sum(r.max_tokens for r in reqs)
+    ours = minillm_seconds(reqs, warmup)
+    free()
+    theirs = transformers_seconds(reqs, warmup, hf_batch)
+    free()
+    name = (f"nano-vllm-like: {num_seqs} seqs, prompts and outputs 100-1024 tokens "
+            f"({tokens} out): minillm")
+    return [Figure(name, tokens / ours, "tokens/s",
+                   f"transformers generate, padded batches of {hf_batch}", tokens / theirs,
+                   theirs / ours, target=3.0)]
 
 
 def write_report(out: Path, figures: list[Figure], notes: dict[str, object]) -> None:
@@ -168,66 +199,93 @@ def write_report(out: Path, figures: list[Figure], notes: dict[str, object]) -> 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kernels.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("."),
-                        help="folder for gpu-bench.json and gpu-bench.md")
+                        help="folder for gpu-bench.json, gpu-bench.md and the tests' logs")
+    parser.add_argument("--num-seqs", type=int, default=128,
+                        help="sequences of the nano-vllm-like workload (nano-vllm runs 256)")
+    parser.add_argument("--hf-batch", type=int, default=64,
+                        help="transformers generate's padded batch size on that workload")
+    parser.add_argument("--chapter", default="04_paged_attention",
+                        help="the chapter run under nbval")
+
+
+class Run:
+    """The report so far: every part adds figures or notes and rewrites it at once."""
+
+    def __init__(self, out: Path, notes: dict[str, object]) -> None:
+        self.out, self.notes = out, notes
+        self.figures: list[Figure] = []
+        self.ok = True
+
+    def part(self, name: str, fn: Callable[[], list[Figure]]) -> None:
+        """Run one part, note its seconds, rewrite the report. A part that fails is noted,
+        with its traceback printed, and the run goes on: one failure must not cost the
+        other figures."""
+        start = time.perf_counter()
+        try:
+            new = fn()
+        except Exception as error:
+            traceback.print_exc()
+            self.notes[f"{name} failed"] = f"{type(error).__name__}: {error}"
+            self.ok, new = False, []
+        self.notes[f"seconds: {name}"] = round(time.perf_counter() - start, 1)
+        self.figures += new
+        write_report(self.out, self.figures, self.notes)
+        for f in new:
+            print(f"{f.name}: {kernels.number(f.value)} {f.unit}, {f.ratio:.2f} x "
+                  f"{f.baseline_name}", flush=True)
+
+    def check(self, name: str, fn: Callable[[], gpu_checks.CheckResult]) -> None:
+        """A part whose outcome is a check (tests, a chapter): a note, not a figure."""
+        def noted() -> list[Figure]:
+            result = fn()
+            self.notes[name] = result.summary()
+            self.ok &= result.ok
+            print(f"{name}: {result.summary()}", flush=True)
+            return []
+        self.part(name, noted)
+
+
+def engine_parts(run: Run, args: argparse.Namespace, copy_bandwidth: float) -> None:
+    """TPOT without and with CUDA graphs, the graph step, and the nano-vllm-like workload."""
+    def tpot(graphs: bool) -> list[Figure]:
+        llm = make_llm(max_num_seqs=16, max_model_len=1024, cuda_graphs=graphs)
+        weight_bytes = decode_weight_bytes(llm.model)
+        roofline = weight_bytes / copy_bandwidth
+        run.notes["model"] = (f"{MODEL_NAME} with random bf16 weights, "
+                              f"{weight_bytes / 1e9:.2f} GB of weights read per decode step")
+        figures = [tpot_figure(llm, roofline)]
+        if graphs:
+            run.notes["engine captured CUDA graphs"] = (
+                getattr(llm.engine, "graph_runner", None) is not None)
+            figures += graph_figures(llm, roofline)
+        return figures
+
+    run.part("TPOT without CUDA graphs", lambda: tpot(graphs=False))
+    free()
+    run.part("TPOT with CUDA graphs", lambda: tpot(graphs=True))
+    free()
+    run.part("engine vs transformers",
+             lambda: engine_vs_transformers(args.num_seqs, args.hf_batch))
 
 
 def main(args: argparse.Namespace) -> int:
     """Measure every part, writing the report after each; 1 if a part failed, else 0."""
     import triton
 
+    start = time.perf_counter()
     device = torch.device("cuda")
-    notes: dict[str, object] = {"device": torch.cuda.get_device_name(device),
-                                "torch": torch.__version__, "triton": triton.__version__}
+    run = Run(args.out, {"device": torch.cuda.get_device_name(device),
+                         "torch": torch.__version__, "triton": triton.__version__})
     base = kernels.measure_baselines(device)
-    notes["copy bandwidth (GB/s, read + write)"] = round(base.copy_bandwidth / 1e9, 1)
-    notes["dense bf16 matmul (TFLOP/s)"] = round(base.matmul_flops / 1e12, 1)
-    figures: list[Figure] = []
-    ok = measure(figures, notes, args.out, "kernels",
-                 lambda: kernels.kernel_figures(args, base, device))
-    ok &= engine_parts(figures, notes, args.out, base.copy_bandwidth)
-    torch.cuda.empty_cache()  # the engine above is gone; the chapters allocate their own
-    ok &= chapter_part(notes, args.out)
-    write_report(args.out, figures, notes)
+    run.notes["copy bandwidth (GB/s, read + write)"] = round(base.copy_bandwidth / 1e9, 1)
+    run.notes["dense bf16 matmul (TFLOP/s)"] = round(base.matmul_flops / 1e12, 1)
+    run.part("kernels", lambda: kernels.kernel_figures(args, base, device))
+    engine_parts(run, args, base.copy_bandwidth)
+    free()  # the engines above are gone; the tests and the chapter allocate their own
+    run.check("GPU tests", lambda: gpu_checks.gpu_tests(args.out))
+    run.check(f"chapter {args.chapter} under nbval",
+              lambda: gpu_checks.chapter_under_nbval(args.chapter, args.out))
+    run.notes["seconds: whole run"] = round(time.perf_counter() - start, 1)
+    write_report(args.out, run.figures, run.notes)
     print((args.out / "gpu-bench.md").read_text())
-    return 0 if ok else 1
-
-
-def engine_parts(figures: list[Figure], notes: dict[str, object], out: Path,
-                 copy_bandwidth: float) -> bool:
-    """TPOT, CUDA-graph and generate figures of the engine on the 1B shape."""
-    llm = make_llm(max_num_seqs=16, max_model_len=1024)
-    weight_bytes = decode_weight_bytes(llm.model)
-    roofline = weight_bytes / copy_bandwidth
-    notes["model"] = (f"{MODEL_NAME} with random bf16 weights, {weight_bytes / 1e9:.2f} GB of "
-                      "weights read per decode step")
-    notes["engine uses CUDA graphs"] = getattr(llm.engine, "graph_runner", None) is not None
-    ok = measure(figures, notes, out, "TPOT", lambda: [tpot_figure(llm, roofline)])
-    ok &= measure(figures, notes, out, "CUDA graph", lambda: graph_figures(llm, roofline))
-    return ok & measure(figures, notes, out, "generate", lambda: [throughput_figure(llm)])
-
-
-def chapter_part(notes: dict[str, object], out: Path) -> bool:
-    """Every chapter's code cells on this GPU; the per-cell results go to out/chapters.json."""
-    runs = chapters.run_all(chapters.chapter_paths(), out)
-    notes["chapters (code cells passed)"] = "; ".join(
-        f"{r.chapter} {r.passed}/{r.cells}"
-        + ("" if r.ok else f" (failed cells: {[f.cell for f in r.failures]})") for r in runs)
-    return all(r.ok for r in runs)
-
-
-def measure(figures: list[Figure], notes: dict[str, object], out: Path, part: str,
-            fn: Callable[[], list[Figure]]) -> bool:
-    """Add one part's figures and rewrite the report. A part that fails is noted, with its
-    traceback printed, and the run goes on: one failure must not cost the other figures."""
-    try:
-        new = fn()
-    except Exception as error:
-        traceback.print_exc()
-        notes[f"{part} failed"] = f"{type(error).__name__}: {error}"
-        new = []
-    figures += new
-    write_report(out, figures, notes)
-    for f in new:
-        print(f"{f.name}: {kernels.number(f.value)} {f.unit}, {f.ratio:.2f} x {f.baseline_name}",
-              flush=True)
-    return bool(new)
+    return 0 if run.ok else 1

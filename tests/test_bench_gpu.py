@@ -1,0 +1,140 @@
+"""`bench gpu`, the one prepared GPU run, checked on the CPU with its CUDA parts stubbed.
+
+What can be checked without a GPU is the run's shape: it imports without the server's packages,
+writes its report after every part (so a cut run keeps what it measured), goes on past a failed
+part, and its checks (the GPU tests, a chapter under nbval) count what pytest reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm.bench import gpu, gpu_checks, kernels
+from minillm.bench.kernels import Figure
+
+SERVER_PACKAGES = ("fastapi", "uvicorn", "aiohttp", "openai")
+
+BLOCK_SERVER_PACKAGES = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {SERVER_PACKAGES!r}:
+            raise ImportError("not on the GPU machine: " + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_the_gpu_run_starts_without_the_server_packages(tmp_path: Path) -> None:
+    code = BLOCK_SERVER_PACKAGES + f"""
+import minillm.bench.gpu
+from minillm.bench.__main__ import main
+rc = main(["gpu", "--out", {str(tmp_path)!r}])
+assert not [m for m in sys.modules if m.split(".")[0] in {SERVER_PACKAGES!r}]
+print("rc", rc)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=gpu_checks.ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"rc {0 if torch.cuda.is_available() else 2}" in done.stdout
+
+
+def figure(name: str) -> Figure:
+    return Figure(name, 1.0, "ms", "a baseline", 2.0, 2.0)
+
+
+def test_the_report_is_written_after_every_part_and_a_failed_part_is_noted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = tmp_path / "gpu-bench.json"
+
+    def figures_so_far() -> list[str]:
+        return [f["name"] for f in json.loads(report.read_text())["figures"]]
+
+    def fake_engine_parts(run: gpu.Run, args: argparse.Namespace, copy_bw: float) -> None:
+        assert figures_so_far() == ["kernel"]  # the kernels' part is on disk already
+        run.part("TPOT", lambda: [figure("tpot")])
+
+        def fails() -> list[Figure]:
+            raise RuntimeError("no graphs today")
+        run.part("CUDA graphs", fails)
+        run.part("engine vs transformers", lambda: [figure("throughput")])
+
+    def fake_tests(out: Path) -> gpu_checks.CheckResult:
+        assert figures_so_far() == ["kernel", "tpot", "throughput"]
+        return gpu_checks.CheckResult("gpu-tests", 30, 0, 2, 1.0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a stub GPU")
+    monkeypatch.setattr(kernels, "measure_baselines", lambda device: kernels.Baselines(1e12, 1e15))
+    monkeypatch.setattr(kernels, "kernel_figures", lambda args, base, dev: [figure("kernel")])
+    monkeypatch.setattr(gpu, "engine_parts", fake_engine_parts)
+    monkeypatch.setattr(gpu, "free", lambda: None)
+    monkeypatch.setattr(gpu_checks, "gpu_tests", fake_tests)
+    monkeypatch.setattr(gpu_checks, "chapter_under_nbval", lambda chapter, out:
+                        gpu_checks.CheckResult(chapter, 9, 1, 0, 1.0))
+    args = argparse.Namespace(out=tmp_path, chapter="04_paged_attention", batch=64,
+                              context=4096, prefill_tokens=4096, num_seqs=128, hf_batch=64)
+    assert gpu.main(args) == 1  # a part failed, and so did one chapter cell
+    notes = json.loads(report.read_text())["notes"]
+    assert figures_so_far() == ["kernel", "tpot", "throughput"]
+    assert notes["CUDA graphs failed"] == "RuntimeError: no graphs today"
+    assert notes["GPU tests"].startswith("30 passed, 0 failed or errored, 2 skipped")
+    assert notes["chapter 04_paged_attention under nbval"].startswith("9 passed, 1 failed")
+    assert {"seconds: kernels", "seconds: TPOT", "seconds: whole run"} <= set(notes)
+    assert "| tpot | 1 ms | a baseline: 2 ms | 2.00 |" in (tmp_path / "gpu-bench.md").read_text()
+
+
+def test_nano_vllm_workload_is_seeded_with_lengths_from_100_to_1024() -> None:
+    reqs = gpu.nano_vllm_workload(64, vocab_size=1000, seed=0)
+    assert reqs == gpu.nano_vllm_workload(64, vocab_size=1000, seed=0)
+    assert all(100 <= len(r.prompt_token_ids) <= 1024 and 100 <= r.max_tokens <= 1024
+               for r in reqs)
+    assert max(r.max_tokens for r in reqs) - min(r.max_tokens for r in reqs) > 500
+
+
+def test_a_pytest_check_counts_what_junit_reports(tmp_path: Path) -> None:
+    tests = tmp_path / "test_demo.py"
+    tests.write_text("import pytest\n"
+                     "def test_a(): pass\n"
+                     "def test_b(): pass\n"
+                     "def test_c(): assert False\n"
+                     "@pytest.mark.skip\n"
+                     "def test_d(): pass\n")
+    result = gpu_checks.run_pytest("demo", [str(tests)], tmp_path / "out", timeout=120)
+    assert (result.passed, result.failed, result.skipped) == (2, 1, 1)
+    assert not result.ok
+    assert "test_c" in (tmp_path / "out" / "demo.log").read_text()
+
+
+def demo_chapter(root: Path) -> None:
+    (root / "chapters").mkdir()
+    (root / "chapters" / "99_demo.ipynb").write_text(json.dumps({
+        "cells": [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [],
+                   "execution_count": None} for src in ("x = 1", "assert x == 1")],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                    "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+
+
+@pytest.mark.skipif(not gpu_checks.has_nbval(), reason="needs nbval and ipykernel")
+def test_a_chapter_runs_under_nbval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    demo_chapter(tmp_path)
+    monkeypatch.setattr(gpu_checks, "ROOT", tmp_path)
+    result = gpu_checks.chapter_under_nbval("99_demo", tmp_path / "out", timeout=120)
+    assert (result.passed, result.failed, result.ok) == (2, 0, True), result.detail
+    assert "--nbval-lax" in (tmp_path / "out" / "chapter-99_demo.log").read_text()
+
+
+def test_a_chapter_runs_through_bench_chapters_where_nbval_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    demo_chapter(tmp_path)
+    monkeypatch.setattr(gpu_checks, "ROOT", tmp_path)
+    monkeypatch.setattr(gpu_checks, "has_nbval", lambda: False)
+    result = gpu_checks.chapter_under_nbval("99_demo", tmp_path / "out", timeout=60)
+    assert (result.passed, result.failed, result.ok) == (2, 0, True)
+    assert "nbval or ipykernel missing" in result.detail
