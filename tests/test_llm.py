@@ -341,3 +341,23 @@ def test_the_profiled_step_is_the_largest_a_config_allows():
     # A short max_model_len caps each prompt (one slot is left for the sampled token).
     record = run_largest_step(net, EngineConfig(max_num_seqs=6, max_num_batched_tokens=100), 9)
     assert record.num_tokens == 48
+
+
+def test_on_a_gpu_llm_sizes_the_pool_from_the_profile_and_prints_it(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import torch
+
+    import minillm.llm as llm_module
+    from minillm import EngineConfig, ModelConfig
+
+    shape = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16)  # 4 KiB a block of 16 tokens in bfloat16
+    weight = SimpleNamespace(device=torch.device("cuda"), element_size=lambda: 2)
+    net = SimpleNamespace(config=shape, lm_head=SimpleNamespace(weight=weight))
+    report = llm_module.MemoryReport(total=2**30, free=2**29, allocated=2**27, peak=2**28)
+    monkeypatch.setattr(llm_module, "profile_memory", lambda *args: report)
+    blocks = llm_module.LLM._size_pool(EngineConfig(), net, 10**6)  # type: ignore[arg-type]
+    assert blocks == (2**29 - 2**27) // 4096  # free less the step: tighter than 0.9 of the card
+    assert f"KV pool: {blocks:,} blocks x 16 tokens" in capsys.readouterr().out
