@@ -27,12 +27,21 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = False  # one Triton kernel instead of this code (LlamaForCausalLM.fuse)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm of x + residual: (normalised, x + residual), (T, E) each. The sum is the
+        residual stream, which the next block adds its output to; with no residual, x is."""
+        if self.fused:
+            from minillm import fused_ops  # imports triton: only when fused
+            return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = x + residual
         # Normalise in fp32 and scale after casting back, as the reference implementation does.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * h.to(x.dtype), x
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -55,22 +64,72 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
+    """RoPE's cos and sin for every position the model takes, computed once, in fp32, on the
+    CPU (so every device reads the same table), as a (max_position_embeddings, D) table of
+    cos halves then sin halves: a step gathers its positions' rows instead of recomputing."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float, device="cpu")
+        angles = positions[:, None] * self.inv_freq.cpu()[None, :]  # (S, D/2)
+        self.register_buffer("cos_sin", torch.cat((angles.cos(), angles.sin()), dim=-1),
+                             persistent=False)  # (S, D)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of each token's rotation angles, once per step: (T, 1, D) each."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, D/2)
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (T, 1, D)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Each token's cos and sin halves, once per step: positions (T,) -> (T, D) in dtype."""
+        return self.cos_sin.index_select(0, positions).to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (T, heads, D) pairwise, pairing dimension i with i + D/2 (Hugging Face's layout)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def apply_rotary(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate (T, heads, D) by rope (T, D), pairing dimension i with i + D/2 (Hugging Face's
+    layout): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in x's dtype as transformers does."""
+    cos, sin = rope[:, None, :].chunk(2, dim=-1)  # (T, 1, D/2) each
+    x1, x2 = x.chunk(2, dim=-1)  # (T, heads, D/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (T, heads, D)
+
+
+def split_qkv_rotary(qkv: torch.Tensor, rope: torch.Tensor, num_heads: int, num_kv_heads: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv (T, (H + 2K) D) -> q (T, H, D) and k (T, K, D) rotated by rope (T, D), and v (T, K, D),
+    all contiguous (the Triton attention kernels read them so)."""
+    T, D = rope.shape
+    q, k, v = qkv.view(T, num_heads + 2 * num_kv_heads, D).split(
+        [num_heads, num_kv_heads, num_kv_heads], dim=1)  # (T, H + 2K, D) -> H, K, K heads
+    return apply_rotary(q, rope), apply_rotary(k, rope), v.contiguous()
+
+
+def stack_parts(module: nn.Module, state: dict[str, torch.Tensor], prefix: str, *_: object
+                ) -> None:
+    """Replace, in state, the checkpoint's separate Linears under prefix (module's name) by the
+    merged Linears module holds (module.checkpoint_parts), their rows stacked in order. In
+    place: each part is freed as soon as it is stacked."""
+    for merged, parts in module.checkpoint_parts.items():
+        for kind in ("weight", "bias"):
+            keys = [f"{prefix}{part}.{kind}" for part in parts]
+            if all(key in state for key in keys):
+                state[f"{prefix}{merged}.{kind}"] = torch.cat([state.pop(key) for key in keys])
+
+
+def split_parts(module: nn.Module, state: dict[str, torch.Tensor], prefix: str, *_: object
+                ) -> None:
+    """The inverse of stack_parts, for state_dict(): the checkpoint's names, as row views."""
+    for merged, parts in module.checkpoint_parts.items():
+        for kind in ("weight", "bias"):
+            stacked = state.pop(f"{prefix}{merged}.{kind}", None)
+            if stacked is not None:
+                for part, rows in zip(parts, stacked.split(list(parts.values())), strict=True):
+                    state[f"{prefix}{part}.{kind}"] = rows
+
+
+def keep_checkpoint_names(module: nn.Module, parts: dict[str, dict[str, int]]) -> None:
+    """module computes several of the checkpoint's Linears that read one input as one merged
+    Linear (one GEMM instead of several): parts maps each merged Linear's name to the
+    checkpoint's Linears it stacks, in order, with their output rows. Its state dict keeps the
+    checkpoint's names both ways, so checkpoints load unchanged and transformers can read it."""
+    module.checkpoint_parts = parts
+    module.register_load_state_dict_pre_hook(stack_parts)
+    module.register_state_dict_post_hook(split_parts)
 
 
 class Attention(nn.Module):
@@ -78,19 +137,23 @@ class Attention(nn.Module):
         super().__init__()
         E, self.H, self.K, self.D = (config.hidden_size, config.num_attention_heads,
                                      config.num_key_value_heads, config.head_dim)
-        self.q_proj = nn.Linear(E, self.H * self.D, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(E, self.K * self.D, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(E, self.K * self.D, bias=config.qkv_bias)
+        self.qkv_proj = nn.Linear(E, (self.H + 2 * self.K) * self.D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.H * self.D, E, bias=config.o_bias)
+        keep_checkpoint_names(self, {"qkv_proj": {"q_proj": self.H * self.D,
+                                                  "k_proj": self.K * self.D,
+                                                  "v_proj": self.K * self.D}})
+        self.fused = False  # split and rotate in one Triton kernel (LlamaForCausalLM.fuse)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: torch.Tensor, meta: AttentionMetadata, backend: TorchAttention
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: TorchAttention) -> torch.Tensor:
+        """x (T, E), rope (T, D) from Rotary -> (T, E)."""
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.H, self.D)  # (T, E) -> (T, H, D)
-        k = self.k_proj(x).view(T, self.K, self.D)  # (T, E) -> (T, K, D)
-        v = self.v_proj(x).view(T, self.K, self.D)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        qkv = self.qkv_proj(x)  # (T, E) -> (T, (H + 2K) D)
+        if self.fused:
+            from minillm import fused_ops  # imports triton: only when fused
+            q, k, v = fused_ops.qkv_rotary(qkv, rope, self.H, self.K)
+        else:
+            q, k, v = split_qkv_rotary(qkv, rope, self.H, self.K)
         out = backend.forward(q, k, v, kv_cache, meta)  # (T, H, D)
         return self.o_proj(out.reshape(T, self.H * self.D))  # (T, H*D) -> (T, E)
 
@@ -99,12 +162,18 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         E, Fw = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(E, Fw, bias=False)
-        self.up_proj = nn.Linear(E, Fw, bias=False)
+        self.gate_up_proj = nn.Linear(E, 2 * Fw, bias=False)
         self.down_proj = nn.Linear(Fw, E, bias=False)
+        keep_checkpoint_names(self, {"gate_up_proj": {"gate_proj": Fw, "up_proj": Fw}})
+        self.fused = False  # silu and multiply in one Triton kernel (LlamaForCausalLM.fuse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        gate_up = self.gate_up_proj(x)  # (T, E) -> (T, 2F)
+        if self.fused:
+            from minillm import fused_ops  # imports triton: only when fused
+            return self.down_proj(fused_ops.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)  # (T, F) each
+        return self.down_proj(F.silu(gate) * up)  # SwiGLU: (T, F) -> (T, E)
 
 
 class DecoderLayer(nn.Module):
@@ -115,11 +184,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata, backend: TorchAttention
-                ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The previous block's output x and the residual stream before it (None for the first
+        layer) -> this layer's MLP output and the stream before it, (T, E) each. Each norm adds
+        the pending output to the stream as it normalises (one fused kernel), so the stream is
+        x + attention + MLP exactly as written the usual way."""
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, kv_cache, meta, backend)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class Decoder(nn.Module):
@@ -161,10 +236,20 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata, backend: TorchAttention) -> torch.Tensor:
         """input_ids, positions (T,); kv_cache (L, 2, N, P, K, D) -> hidden states (T, E)."""
         x = self.model.embed_tokens(input_ids)  # (T, E)
-        rope = self.model.rotary(positions, x.dtype)
+        rope = self.model.rotary(positions, x.dtype)  # (T, D)
+        residual = None
         for layer, layer_cache in zip(self.model.layers, kv_cache):
-            x = layer(x, rope, layer_cache, meta, backend)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, rope, layer_cache, meta, backend)
+        return self.model.norm(x, residual)[0]
+
+    def fuse(self, enabled: bool = True) -> LlamaForCausalLM:
+        """Run the norms, rotary and SwiGLU with minillm.fused_ops' Triton kernels (enabled) or
+        the PyTorch code here (the reference). Loading fuses on CUDA; on the CPU the kernels
+        run only under Triton's interpreter (TRITON_INTERPRET=1), for tests. Returns self."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.fused = enabled
+        return self
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -182,9 +267,9 @@ class LlamaForCausalLM(nn.Module):
                 continue
             nn.init.normal_(p, std=0.02)
         model = model.to(dtype).eval()
-        # .to(dtype) also rounded the RoPE frequencies; angles must stay fp32, as on loading.
-        model.model.rotary.inv_freq = rope_inv_freq(config).to(device)
-        return model
+        # .to(dtype) also rounded the RoPE table; angles must stay fp32, as on loading.
+        model.model.rotary = Rotary(config).to(device)
+        return model.fuse(torch.device(device).type == "cuda")
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -202,6 +287,9 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         state = {k: v.to(dtype) for k, v in state.items() if "rotary_emb" not in k}
+        for name, module in model.named_modules():  # as loading would, but freeing each part
+            if hasattr(module, "checkpoint_parts"):
+                stack_parts(module, state, f"{name}.")
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
         missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
         if missing or unexpected:
@@ -209,5 +297,5 @@ class LlamaForCausalLM(nn.Module):
                              f"{missing[:5]}, unexpected {unexpected[:5]}")
         if config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
-        model.model.rotary.inv_freq = rope_inv_freq(config).to(device)
-        return model.eval()
+        model.model.rotary = Rotary(config).to(device)
+        return model.eval().fuse(torch.device(device).type == "cuda")
