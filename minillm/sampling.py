@@ -112,6 +112,7 @@ class Sampler:
         settings = host_to_device(
             [[params[i].temperature for i in rows], [params[i].top_k for i in rows],
              [params[i].top_p for i in rows]], torch.float32, logits.device)  # (3, R)
+        # top_k rides along as float32, exact for any vocabulary below 2**24 tokens
         temperature, top_k, top_p = settings
         every_row = len(rows) == len(params)
         row_ids = None if every_row else host_to_device(rows, torch.int64, logits.device)
