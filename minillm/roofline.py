@@ -290,11 +290,14 @@ def _best_seconds(fn: Callable[[], object], sync: Callable[[], None], budget: fl
 
 
 def _matmul_flops(dev: torch.device, seconds: float) -> float:
-    """Achieved FLOP/s of a square matmul: 2 * n^3 FLOPs (fp32 on CPU, bf16 on CUDA)."""
+    """Achieved FLOP/s of a square matmul: 2 * n^3 FLOPs (fp32 on CPU; on CUDA the engine's
+    16-bit type: bf16 from compute capability 8.0, fp16 below it, as on a T4)."""
     import torch
 
+    from minillm.llm import resolve_dtype
+
     cuda = dev.type == "cuda"
-    n, dtype = (8192, torch.bfloat16) if cuda else (1024, torch.float32)
+    n, dtype = (8192, resolve_dtype(None, dev)) if cuda else (1024, torch.float32)
     a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
     return 2 * n**3 / _best_seconds(lambda: a @ b, _sync(dev), seconds)
 
