@@ -138,3 +138,43 @@ def test_a_chapter_runs_through_bench_chapters_where_nbval_is_missing(
     result = gpu_checks.chapter_under_nbval("99_demo", tmp_path / "out", timeout=60)
     assert (result.passed, result.failed, result.ok) == (2, 0, True)
     assert "nbval or ipykernel missing" in result.detail
+
+
+def test_the_gpu_tests_are_the_modules_that_mark_gpu_or_kernels() -> None:
+    names = [path.name for path in gpu_checks.gpu_test_files(gpu_checks.ROOT)]
+    assert {"test_kernels.py", "test_cuda_graph.py"} <= set(names)
+    assert "test_serve.py" not in names  # FastAPI's tests: not collected on a GPU machine
+
+
+def test_without_hypothesis_property_tests_skip_and_the_rest_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_SERVER_PACKAGES.replace(
+        repr(SERVER_PACKAGES), "('hypothesis',)"))
+    tests = tmp_path / "test_demo.py"
+    tests.write_text(
+        "from hypothesis import given, settings, strategies as st\n"
+        "from hypothesis.stateful import RuleBasedStateMachine, rule\n"
+        "@st.composite\n"
+        "def pairs(draw):\n"
+        "    return draw(st.integers()), 1\n"
+        "@settings(max_examples=3, deadline=None)\n"
+        "@given(x=st.integers(0, 5), pair=pairs())\n"
+        "def test_property(x, pair):\n"
+        "    assert False\n"
+        "class Machine(RuleBasedStateMachine):\n"
+        "    @rule()\n"
+        "    def step(self):\n"
+        "        pass\n"
+        "def test_plain():\n"
+        "    import hypothesis\n"
+        "    assert not hasattr(hypothesis, '__version__')  # the stand-in, not the real one\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    # Hypothesis's own pytest plugin would import it past the blocker (pytest rewrites a
+    # plugin's package through its own import hook): on the GPU machine there is no plugin.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    result = gpu_checks.run_pytest("demo", ["-p", "minillm.bench.hypothesis_stand_in",
+                                            str(tests)], tmp_path / "out", timeout=120)
+    log = (tmp_path / "out" / "demo.log").read_text()
+    assert (result.passed, result.failed, result.skipped) == (1, 0, 1), log
