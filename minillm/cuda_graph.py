@@ -1,7 +1,8 @@
 """CUDA graphs for decode steps: record one forward per batch size once, then replay it.
 
-A decode step of a small model is hundreds of short kernels, and launching them one by one from
-Python can take longer than running them. A CUDA graph records the launches of one forward and
+A decode step of a small model is hundreds of short kernels (Llama-3.2-1B: ~650 unfused, ~170
+with minillm.fused_ops), and launching them one by one from Python can take longer than running
+them. A CUDA graph records the launches of one forward and
 replays them all with a single launch. A replay repeats exactly what was recorded, hence:
 
 - Fixed addresses: the graphs read static input buffers, and each step copies its batch in.

@@ -22,6 +22,13 @@ import triton
 import triton.language as tl
 
 SILU_BLOCK = 1024  # elements of one token's F per program: wide enough to stream, few programs
+ROTARY_WARPS = 1  # a rotary program holds D/2 pairs (32 or 64): one warp's worth
+
+
+def norm_num_warps(block_e: int) -> int:
+    """Warps for one RMSNorm row of block_e values: ~16 fp32 per thread (E = 2048 -> 4 warps,
+    8192 -> 16), so a long row neither spills registers nor leaves threads idle."""
+    return max(1, min(16, block_e // 512))
 
 
 @triton.jit
@@ -67,9 +74,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     out = torch.empty_like(x)
     total = x if residual is None else torch.empty_like(x)
     if T > 0:
+        block_e = triton.next_power_of_2(E)
         add_rms_norm_kernel[(T,)](x, x if residual is None else residual, weight, out, total,
-                                  E, eps, HAS_RESIDUAL=residual is not None,
-                                  BLOCK_E=triton.next_power_of_2(E))
+                                  E, eps, HAS_RESIDUAL=residual is not None, BLOCK_E=block_e,
+                                  num_warps=norm_num_warps(block_e))
     return out, total
 
 
@@ -133,7 +141,8 @@ def qkv_rotary(qkv: torch.Tensor, rope: torch.Tensor, num_heads: int, num_kv_hea
     k, v = qkv.new_empty(T, K, D), qkv.new_empty(T, K, D)
     if T > 0:
         qkv_rotary_kernel[(T, H + 2 * K)](qkv, rope, q, k, v, H, K, HALF=D // 2,
-                                          BLOCK_HALF=triton.next_power_of_2(D // 2))
+                                          BLOCK_HALF=triton.next_power_of_2(D // 2),
+                                          num_warps=ROTARY_WARPS)
     return q, k, v
 
 
