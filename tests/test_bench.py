@@ -6,6 +6,7 @@ median over rounds that one stalled run cannot flip.
 """
 
 import argparse
+import time
 
 import pytest
 
@@ -25,20 +26,33 @@ def test_heavy_tailed_workload_is_seeded_and_heavy_tailed():
 
 def test_rounds_rotate_which_contender_runs_first():
     calls = []
-    contenders = {name: (lambda name=name: calls.append(name) or 1.0) for name in "abc"}
+    contenders = {name: (lambda name=name: calls.append(name) or {"wall": 1.0, "cpu": 1.0})
+                  for name in "abc"}
     rounds = bench_engine.interleaved_rounds(contenders, rounds=4)
     assert calls == list("abc" "bca" "cab" "abc")
-    assert rounds == [{"a": 1.0, "b": 1.0, "c": 1.0}] * 4  # keyed by name, whatever the order
+    assert [list(r) for r in rounds] == [list("abc")] * 4  # keyed by name, whatever the order
 
 
 def test_one_stalled_run_moves_the_spread_not_the_median():
-    # Round 1: continuous shared its core with another process and took 12x as long. A single
-    # run would have reported 0.21x; the median of three still says 2.5x.
-    rounds = [{"continuous": 1.0, "static": 2.5}, {"continuous": 12.0, "static": 2.5},
-              {"continuous": 1.0, "static": 2.6}]
+    # Round 1: continuous shared its core with another process and took 12x as long on the
+    # wall clock (its CPU clock did not count the time the other process held the core). A
+    # single run would have reported 0.21x; the median of three still says 2.5x.
+    def run(wall: float, cpu: float) -> dict[str, float]:
+        return {"wall": wall, "cpu": cpu}
+
+    rounds = [{"continuous": run(1.0, 1.0), "static": run(2.5, 2.5)},
+              {"continuous": run(12.0, 1.1), "static": run(2.5, 2.5)},
+              {"continuous": run(1.0, 1.0), "static": run(2.6, 2.6)}]
     ratio = bench_engine.speedup(rounds, "continuous", "static")
     assert ratio.median == pytest.approx(2.5)
     assert "2.50x median of 3 rounds (range 0.21-2.60x)" == str(ratio)
+    on_cpu = bench_engine.speedup(rounds, "continuous", "static", clock="cpu")
+    assert min(on_cpu.per_round) > 2.2
+
+
+def test_the_cpu_clock_counts_only_this_process_work():
+    seconds = bench_engine.timed(lambda: time.sleep(0.2))  # another process holds the core
+    assert seconds["wall"] >= 0.2 > 10 * seconds["cpu"]
 
 
 def test_engine_benchmark_reports_median_ratios_with_spread(capsys, monkeypatch):
@@ -52,6 +66,7 @@ def test_engine_benchmark_reports_median_ratios_with_spread(capsys, monkeypatch)
     assert set(ratios) == {"continuous / static", "continuous / transformers"}
     assert all(len(r.per_round) == 2 and r.median > 0 for r in ratios.values())
     assert "tokens/s" in out and "continuous / static: " in out and "median of 2 rounds" in out
+    assert "on the CPU clock" in out
 
 
 def test_every_bench_command_settles_threads_first(monkeypatch):

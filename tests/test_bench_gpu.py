@@ -65,8 +65,9 @@ def test_the_report_is_written_after_every_part_and_a_failed_part_is_noted(
         run.part("CUDA graphs", fails)
         run.part("engine vs transformers", lambda: [figure("throughput")])
 
-    def fake_tests(out: Path) -> gpu_checks.CheckResult:
+    def fake_tests(out: Path, timeout: float) -> gpu_checks.CheckResult:
         assert figures_so_far() == ["kernel", "tpot", "throughput"]
+        assert 60 <= timeout <= 470 - 100  # what the budget leaves, less the chapter's reserve
         return gpu_checks.CheckResult("gpu-tests", 30, 0, 2, 1.0)
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a stub GPU")
@@ -75,10 +76,11 @@ def test_the_report_is_written_after_every_part_and_a_failed_part_is_noted(
     monkeypatch.setattr(gpu, "engine_parts", fake_engine_parts)
     monkeypatch.setattr(gpu, "free", lambda: None)
     monkeypatch.setattr(gpu_checks, "gpu_tests", fake_tests)
-    monkeypatch.setattr(gpu_checks, "chapter_under_nbval", lambda chapter, out:
+    monkeypatch.setattr(gpu_checks, "chapter_under_nbval", lambda chapter, out, timeout:
                         gpu_checks.CheckResult(chapter, 9, 1, 0, 1.0))
     args = argparse.Namespace(out=tmp_path, chapter="04_paged_attention", batch=64,
-                              context=4096, prefill_tokens=4096, num_seqs=128, hf_batch=64)
+                              context=4096, prefill_tokens=4096, num_seqs=128, hf_batch=64,
+                              budget=470.0)
     assert gpu.main(args) == 1  # a part failed, and so did one chapter cell
     notes = json.loads(report.read_text())["notes"]
     assert figures_so_far() == ["kernel", "tpot", "throughput"]

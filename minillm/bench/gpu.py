@@ -11,8 +11,10 @@ random weights in bf16 (a shape, not the checkpoint: nothing is downloaded):
   sequences, prompts and outputs of 100-1024 random tokens), scaled to fit the run;
 - the GPU-marked tests, and one chapter under nbval (minillm.bench.gpu_checks).
 Writes DIR/gpu-bench.json and DIR/gpu-bench.md after every part, so a cut run keeps what it
-measured, with each part's seconds. About 5 minutes on an H100; CUDA only. It imports nothing
-of the server (FastAPI, uvicorn, aiohttp, openai), which a lent GPU machine does not have.
+measured, with each part's seconds. The figures take 2-4 minutes on an H100 (an estimate: it
+has not run on one yet); the tests and the chapter get what is left of --budget (8 minutes),
+so the whole run fits a short loan. CUDA only. It imports nothing of the server (FastAPI,
+uvicorn, aiohttp, openai), which a lent GPU machine does not have.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ MODEL_NAME = "Llama-3.2-1B shape"
 
 def make_llm(max_num_seqs: int, max_model_len: int, cuda_graphs: bool = True,
              **engine_args: object) -> LLM:
-    """The engine on the 1B shape, with a KV pool of exactly max_num_seqs full sequences."""
+    """The engine on the 1B shape, with a KV pool of exactly max_num_seqs full sequences.
+    Its trace keeps no block tables and only the last steps, as a long run should."""
     blocks = max_num_seqs * -(-max_model_len // 16)
     return LLM(LLAMA_3_2_1B, device="cuda", dtype="bfloat16", attention_backend="triton",
                block_size=16, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-               num_kv_blocks=blocks, enable_cuda_graphs=cuda_graphs, **engine_args)
+               num_kv_blocks=blocks, enable_cuda_graphs=cuda_graphs, trace_block_tables=False,
+               max_trace_steps=256, **engine_args)
 
 
 def free() -> None:
@@ -206,6 +210,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="transformers generate's padded batch size on that workload")
     parser.add_argument("--chapter", default="04_paged_attention",
                         help="the chapter run under nbval")
+    parser.add_argument("--budget", type=float, default=470.0,
+                        help="seconds for the whole run: the tests and the chapter get the rest")
 
 
 class Run:
@@ -282,9 +288,12 @@ def main(args: argparse.Namespace) -> int:
     run.part("kernels", lambda: kernels.kernel_figures(args, base, device))
     engine_parts(run, args, base.copy_bandwidth)
     free()  # the engines above are gone; the tests and the chapter allocate their own
-    run.check("GPU tests", lambda: gpu_checks.gpu_tests(args.out))
+    def left(reserve: float) -> float:  # seconds of the budget left, less a reserve; >= 60
+        return max(60.0, args.budget - (time.perf_counter() - start) - reserve)
+
+    run.check("GPU tests", lambda: gpu_checks.gpu_tests(args.out, timeout=left(reserve=100)))
     run.check(f"chapter {args.chapter} under nbval",
-              lambda: gpu_checks.chapter_under_nbval(args.chapter, args.out))
+              lambda: gpu_checks.chapter_under_nbval(args.chapter, args.out, timeout=left(0)))
     run.notes["seconds: whole run"] = round(time.perf_counter() - start, 1)
     write_report(args.out, run.figures, run.notes)
     print((args.out / "gpu-bench.md").read_text())

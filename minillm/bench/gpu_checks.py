@@ -64,7 +64,7 @@ def run_pytest(name: str, pytest_args: list[str], out: Path, timeout: float) -> 
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider",
-               "-q", f"--junitxml={xml}", *pytest_args]
+               "-v", f"--junitxml={xml}", *pytest_args]  # -v: a cut log still names each test
     start = time.perf_counter()
     with log.open("w") as stream:
         stream.write(" ".join(command) + "\n")
