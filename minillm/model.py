@@ -8,6 +8,7 @@ D head dim, F MLP width, V vocabulary.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -246,6 +247,11 @@ class LlamaForCausalLM(nn.Module):
         """Run the norms, rotary and SwiGLU with minillm.fused_ops' Triton kernels (enabled) or
         the PyTorch code here (the reference). Loading fuses on CUDA; on the CPU the kernels
         run only under Triton's interpreter (TRITON_INTERPRET=1), for tests. Returns self."""
+        device = self.lm_head.weight.device
+        if enabled and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(f"the fused Triton ops run on CUDA, or on the CPU under Triton's "
+                               f"interpreter (TRITON_INTERPRET=1 before triton is imported); "
+                               f"this model is on {device}: keep fuse(False) there")
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.fused = enabled

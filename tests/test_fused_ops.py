@@ -131,6 +131,16 @@ def test_launchers_reject_bad_inputs_with_clear_errors() -> None:
         fused_ops.silu_and_mul(torch.zeros(2, 7, device=DEVICE))
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="the CPU needs the interpreter")
+def test_fusing_on_the_cpu_without_the_interpreter_says_how(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    model = LlamaForCausalLM.random(SMALL)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        model.fuse()
+    assert model.fuse(False) is model
+
+
 # ---- merged weights: checkpoints in, checkpoints out -------------------------------------------
 
 
