@@ -79,13 +79,28 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Top-k alone, without sorting the vocabulary: set logits below each row's k-th best to
+    -inf, the k-th best read from one topk of the largest k in the batch (a partial selection,
+    far cheaper than a full sort). Ties with the k-th best all stay, where a sort keeps k of them.
+
+    logits (B, V) float32; top_k (B,) int64 with 0 meaning off; max_k = max(top_k), from the host.
+    """
+    max_k = min(max_k, logits.shape[-1])
+    best = logits.topk(max_k, dim=-1).values  # (B, max_k), best first
+    k = torch.where(top_k > 0, top_k, max_k).clamp(max=max_k)  # (B,)
+    kth_best = best.gather(1, k[:, None] - 1)  # (B, 1)
+    kth_best = kth_best.masked_fill(top_k[:, None] == 0, float("-inf"))  # rows without top-k
+    return logits.masked_fill(logits < kth_best, float("-inf"))
+
+
 class Sampler:
     """Picks one token per row of logits, each row with its own request's parameters.
 
     The whole batch is sampled at once, with no read-back until the chosen tokens: per-row
     settings go to the device in one non-blocking copy, and each row draws from its own
-    generator, so batching never changes a request's samples. Sorting the vocabulary happens
-    only when some row asks for top-k or top-p.
+    generator, so batching never changes a request's samples. The vocabulary is sorted only
+    when some row asks for top-p; top-k alone takes a partial selection (topk).
     """
 
     def __call__(
@@ -117,8 +132,10 @@ class Sampler:
         every_row = len(rows) == len(params)
         row_ids = None if every_row else host_to_device(rows, torch.int64, logits.device)
         scaled = (logits if every_row else logits[row_ids]) / temperature[:, None]  # (R, V)
-        if any(params[i].top_k > 0 or params[i].top_p < 1.0 for i in rows):
+        if any(params[i].top_p < 1.0 for i in rows):  # top-p needs the sorted distribution
             scaled = apply_top_k_top_p(scaled, top_k.long(), top_p)
+        elif any(params[i].top_k > 0 for i in rows):
+            scaled = apply_top_k(scaled, top_k.long(), max(params[i].top_k for i in rows))
         chosen = exponential_race(scaled.softmax(dim=-1), [generators[i] for i in rows])
         if every_row:
             return chosen

@@ -134,19 +134,42 @@ def test_fixed_seeds_give_the_tokens_multinomial_gave():
         assert got == expected
 
 
-def test_sorts_only_when_top_k_or_top_p_asks(monkeypatch):
+def test_sorts_only_when_top_p_asks(monkeypatch):
     sorts = []
     real_sort = torch.Tensor.sort
     monkeypatch.setattr(torch.Tensor, "sort",
                         lambda self, *a, **k: sorts.append(1) or real_sort(self, *a, **k))
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
     plain = [SamplingParams(temperature=0.8), SamplingParams(temperature=0.0)] * 2
-    Sampler()(logits, plain, generators_for(plain, 0))
-    assert sorts == []  # a full-vocabulary sort per step costs more than the sampling itself
-    for asks in (SamplingParams(temperature=0.8, top_k=3), SamplingParams(top_p=0.5)):
-        Sampler()(logits, plain[:3] + [asks], generators_for(plain[:3] + [asks], 0))
-        assert len(sorts) == 1
+    for last, expected_sorts in ((SamplingParams(temperature=0.8), 0),
+                                 (SamplingParams(temperature=0.8, top_k=3), 0),
+                                 (SamplingParams(top_p=0.5), 1),
+                                 (SamplingParams(top_k=3, top_p=0.5), 1)):
+        params = plain[:3] + [last]
+        Sampler()(logits, params, generators_for(params, 0))
+        # a full-vocabulary sort per step costs more than the rest of sampling
+        assert len(sorts) == expected_sorts, last
         sorts.clear()
+
+
+def test_top_k_without_a_sort_keeps_what_the_sort_keeps():
+    logits = torch.randn(6, 200, generator=torch.Generator().manual_seed(4))
+    top_k = torch.tensor([0, 1, 7, 50, 200, 1000])  # off, greedy, ..., the whole vocabulary, more
+    expected = apply_top_k_top_p(logits, top_k, torch.ones(6))
+    assert torch.equal(sampling.apply_top_k(logits, top_k, max_k=1000), expected)
+    tied = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0]])  # the 2nd best is tied: both stay
+    kept = sampling.apply_top_k(tied, torch.tensor([2]), max_k=2).isfinite()
+    assert kept.tolist() == [[False, True, True, True, False]]
+
+
+def test_top_k_only_batches_give_the_tokens_multinomial_gave():
+    gen = torch.Generator().manual_seed(6)
+    for trial in range(20):
+        logits = torch.randn(6, 500, generator=gen) * 3
+        params = [SamplingParams(temperature=0.9, top_k=k) for k in (0, 1, 5, 40, 0, 499)]
+        params[4] = SamplingParams(temperature=0.0)
+        expected = multinomial_sampler(logits, params, generators_for(params, 100 * trial))
+        assert Sampler()(logits, params, generators_for(params, 100 * trial)).token_ids == expected
 
 
 class ReadBacks:
