@@ -181,6 +181,7 @@ class LLM:
         if mc.sliding_window is not None and max_len > mc.sliding_window:
             raise ValueError(f"max_model_len={max_len} exceeds the model's sliding window "
                              f"({mc.sliding_window}), which minillm does not implement")
+        net.model.rotary.cover(max_len)
         config = dataclasses.replace(config, max_model_len=max_len)
         blocks = config.num_kv_blocks or self._size_pool(config, net, max_len)
         config = dataclasses.replace(config, num_kv_blocks=blocks)

@@ -72,10 +72,19 @@ class Rotary(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.float, device="cpu")
-        angles = positions[:, None] * self.inv_freq.cpu()[None, :]  # (S, D/2)
-        self.register_buffer("cos_sin", torch.cat((angles.cos(), angles.sin()), dim=-1),
+        self.register_buffer("cos_sin", self.table(config.max_position_embeddings),
                              persistent=False)  # (S, D)
+
+    def table(self, num_positions: int) -> torch.Tensor:
+        positions = torch.arange(num_positions, dtype=torch.float, device="cpu")
+        angles = positions[:, None] * self.inv_freq.cpu()[None, :]  # (S, D/2)
+        return torch.cat((angles.cos(), angles.sin()), dim=-1)
+
+    def cover(self, num_positions: int) -> None:
+        """Grow the table to num_positions rows (an engine's max_model_len past the checkpoint's
+        max_position_embeddings: RoPE extrapolates, as it did before the table existed)."""
+        if num_positions > self.cos_sin.shape[0]:
+            self.cos_sin = self.table(num_positions).to(self.cos_sin.device)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Each token's cos and sin halves, once per step: positions (T,) -> (T, D) in dtype."""

@@ -381,3 +381,15 @@ def test_every_fused_kernel_compiles_ahead_of_time(arch: int, dtype_name: str) -
     run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_positions_past_the_checkpoints_window_extrapolate():
+    """An engine longer than max_position_embeddings (2048 for the shipped model) still runs:
+    the cos/sin table grows to max_model_len."""
+    from minillm import LLM, SamplingParams
+
+    llm = LLM(device="cpu", max_model_len=2100, num_kv_blocks=140, max_num_seqs=1)
+    out = llm.generate([[1] * 2090], SamplingParams(max_tokens=5, temperature=0,
+                                                    ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.token_ids) == 5
+    assert llm.model.model.rotary.cos_sin.shape[0] == 2100
