@@ -25,9 +25,14 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from minillm.attention import torch_ref  # noqa: E402
+from minillm.attention import tiles, torch_ref, triton_decode  # noqa: E402
 from minillm.attention.triton_backend import TritonAttention, triton_available  # noqa: E402
-from minillm.attention.triton_decode import choose_num_splits, decode_attention  # noqa: E402
+from minillm.attention.triton_decode import (  # noqa: E402
+    MIN_SPLIT_TOKENS,
+    choose_num_splits,
+    decode_attention,
+    decode_splits,
+)
 from minillm.attention.triton_write_kv import write_kv  # noqa: E402
 from minillm.batch import AttentionMetadata, build_batch  # noqa: E402
 from minillm.request import Request  # noqa: E402
@@ -167,9 +172,61 @@ def test_decode_gives_one_result_for_every_split_count(dtype: torch.dtype, P: in
     num_blocks = meta.block_tables.shape[1]
     for num_splits in (2, 3, num_blocks + 5):  # the last leaves most splits empty
         out = decode_attention(step.q, step.kv_cache, meta.block_tables, meta.seq_lens,
-                               num_splits=num_splits)
+                               num_splits=num_splits, min_split_len=1)  # splits of one tile
         assert_close(out, expected, dtype)
         assert_close(out, one, dtype)
+
+
+def test_decode_splits_each_context_by_its_own_length_under_a_huge_max_model_len() -> None:
+    # Llama-3's max_model_len of 131072 at P = 16: block tables 8192 wide, as a CUDA graph
+    # captures them, over contexts of 3000 and 300 positions. With q = 0 every score is 0, so
+    # 2^lse of a split is the number of positions it read: the kernel's own count of its work.
+    P, D, num_splits = 16, 16, 8
+    seq_lens = [3000, 300]
+    blocks = [-(-s // P) for s in seq_lens]
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, sum(blocks), P, K, D, generator=gen).to(DEVICE)
+    tables = torch.zeros(2, 131072 // P, dtype=torch.int32)
+    tables[0, :blocks[0]] = torch.arange(blocks[0])
+    tables[1, :blocks[1]] = torch.arange(blocks[0], sum(blocks))
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    q = torch.zeros(2, K, D, device=DEVICE)
+    _, lse = decode_splits(q, cache, tables.to(DEVICE), lens, num_splits)  # (B, H, splits)
+    work = lse.exp2().round().long().cpu()  # positions read by each split, 0 if empty
+    block_n = tiles.tiles_for(DEVICE, D, FP32).decode.block_n
+    assert work.sum(-1).tolist() == [[3000] * K, [300] * K]
+    # 3000 positions: every split works, none more than its share plus one tile.
+    assert (work[0] > 0).all() and work[0].max() <= 3000 / num_splits + block_n
+    # 300 positions: splits of at least MIN_SPLIT_TOKENS, so two work and the rest are empty.
+    assert (work[1, :, 0] == MIN_SPLIT_TOKENS).all() and (work[1, :, 2:] == 0).all()
+
+
+def test_decode_launch_depends_on_shapes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CUDA graph replays the launch it captured: grid and arguments must not depend on the
+    # values of seq_lens, which change every step while the graph stays the same.
+    launches = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, grid: tuple):
+            def launch(*args, **kwargs) -> None:
+                args = [(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+                        for a in args]
+                launches.append((self.name, grid, args, kwargs))
+            return launch
+
+    for name in ("decode_kernel", "merge_splits_kernel"):
+        monkeypatch.setattr(triton_decode, name, Recorder(name))
+    monkeypatch.setattr(triton_decode, "num_sms", lambda device: 132)  # an H100's SMs
+    step = make_step([(0, 1), (0, 1)], P=16, G=2, D=64, dtype=FP32)
+    tables = torch.zeros(2, 8192, dtype=torch.int32, device=DEVICE)  # 131072 positions
+    for seq_lens in ([1, 1], [3000, 70000]):
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+        decode_attention(step.q, step.kv_cache, tables, lens)
+    assert launches[0][1][2] > 1  # split: 2 requests x 2 KV heads leave the SMs idle
+    assert launches[:2] == launches[2:]
 
 
 def test_the_block_size_does_not_change_the_result() -> None:
@@ -226,22 +283,37 @@ def test_triton_available_says_how_to_switch_on_the_interpreter(
         triton_available(torch.device("cpu"))
 
 
-def compile_every_kernel(arch: int, dtype_name: str) -> None:
-    """Compile each kernel to PTX for sm_<arch> with the constexprs its launcher passes (here for
-    P = 16, G <= 16, D = 80 or 128). Self-contained: the test below runs its source in a fresh
-    process, where TRITON_INTERPRET is off, so the kernels are JIT functions, not interpreted."""
+def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None:
+    """Compile each kernel for sm_<arch> with the constexprs, warps and stages its launcher
+    passes there (here for P = 16, G <= 16, D = 80 or 128: block_d = 128), and check that the
+    arch's tiles fit its chip: shared memory within the per-block limit, and no register spills
+    (ptxas's local memory, read from the cubin by cuobjdump, which Triton ships). Self-contained:
+    the test below runs its source in a fresh process, where TRITON_INTERPRET is off, so the
+    kernels are JIT functions, not interpreted."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
 
+    from minillm.attention import tiles as tile_table
     from minillm.attention import triton_decode, triton_extend, triton_write_kv
 
     dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype_name])
     precision = triton_decode.dot_precision(dtype)
+    capability = divmod(arch, 10)
+    tiles = tile_table.tiles_for_capability(capability, block_d, dtype.itemsize)
+    shared_limit = tile_table.SHARED_MEMORY_BYTES[capability]
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                             "cuobjdump")
     int_pointers = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "seq_ids_ptr": "*i32",
                     "query_start_loc_ptr": "*i32", "slot_mapping_ptr": "*i64"}
 
-    def build(kernel, constexprs: dict, num_warps: int = 4, fp32_pointers: tuple = ()) -> None:
+    def build(kernel, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
+              fp32_pointers: tuple = ()) -> None:
         signature = {}
         for name in kernel.arg_names:
             if name in constexprs:
@@ -250,31 +322,45 @@ def compile_every_kernel(arch: int, dtype_name: str) -> None:
                 signature[name] = ("*fp32" if name in fp32_pointers
                                    else int_pointers.get(name, f"*{dtype_name}"))
             else:
-                signature[name] = "fp32" if name == "scale" else "i32"
+                signature[name] = "fp32" if name == "qk_scale" else "i32"
         source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
         compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                  options={"num_warps": num_warps})
-        assert f".entry {kernel.__name__}(" in compiled.asm["ptx"], kernel.__name__
+                                  options={"num_warps": num_warps, "num_stages": num_stages})
+        name = kernel.__name__
+        assert f".entry {name}(" in compiled.asm["ptx"], name
+        assert compiled.metadata.shared <= shared_limit, (name, compiled.metadata.shared)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(compiled.asm["cubin"])
+            cubin.flush()
+            usage = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name],
+                                   capture_output=True, text=True, check=True).stdout
+        spilled = re.search(r"STACK:(\d+).*LOCAL:(\d+)", usage)
+        assert spilled and spilled.groups() == ("0", "0"), (name, constexprs, usage)
 
-    build(triton_write_kv.write_kv_kernel, dict(BLOCK_D=128))
-    decode = dict(P=16, BLOCK_G=16, BLOCK_N=triton_decode.BLOCK_N, BLOCK_D=128,
+    build(triton_write_kv.write_kv_kernel, dict(BLOCK_D=block_d))
+    decode = dict(P=16, BLOCK_G=16, BLOCK_N=tiles.decode.block_n, BLOCK_D=block_d,
                   DOT_PRECISION=precision, UPCAST=False)
-    build(triton_decode.decode_kernel, dict(decode, SPLIT=False))  # lse_ptr unused
-    build(triton_decode.decode_kernel, dict(decode, SPLIT=True),
+    launch = dict(num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages)
+    build(triton_decode.decode_kernel, dict(decode, SPLIT=False), **launch)  # lse_ptr unused
+    build(triton_decode.decode_kernel, dict(decode, SPLIT=True), **launch,
           fp32_pointers=("out_ptr", "lse_ptr"))
-    build(triton_decode.merge_splits_kernel, dict(BLOCK_S=16, BLOCK_D=128),
+    build(triton_decode.merge_splits_kernel, dict(BLOCK_S=16, BLOCK_D=block_d),
           fp32_pointers=("part_ptr", "lse_ptr"))
     build(triton_extend.extend_kernel,
-          dict(P=16, BLOCK_M=triton_extend.BLOCK_M, BLOCK_N=triton_extend.BLOCK_N, BLOCK_D=128,
-               DOT_PRECISION=precision, UPCAST=False), num_warps=triton_extend.NUM_WARPS)
+          dict(P=16, BLOCK_M=tiles.extend.block_m, BLOCK_N=tiles.extend.block_n, BLOCK_D=block_d,
+               DOT_PRECISION=precision, UPCAST=False),
+          num_warps=tiles.extend.num_warps, num_stages=tiles.extend.num_stages)
 
 
-@pytest.mark.parametrize("arch, dtype_name", [(75, "fp16"), (80, "bf16"), (90, "bf16"),
-                                              (90, "fp32")])
-def test_every_kernel_compiles_ahead_of_time(arch: int, dtype_name: str) -> None:
-    # sm_75 (T4) has no bf16. No GPU needed: triton compiles for a named target.
+# sm_75 (T4) has no bf16; sm_86 (A10, RTX 30xx) has the smallest shared memory of the table;
+# head dim 256 (Gemma) takes the smaller tiles.
+@pytest.mark.parametrize("arch, dtype_name, block_d", [
+    (75, "fp16", 128), (80, "bf16", 128), (86, "bf16", 128), (90, "bf16", 128), (90, "fp32", 128),
+    (90, "bf16", 256)])
+def test_every_kernel_compiles_ahead_of_time(arch: int, dtype_name: str, block_d: int) -> None:
+    # No GPU needed: triton compiles for a named target.
     source = inspect.getsource(compile_every_kernel)
-    code = f"{source}\ncompile_every_kernel({arch}, {dtype_name!r})\n"
+    code = f"{source}\ncompile_every_kernel({arch}, {dtype_name!r}, {block_d})\n"
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9's default, stated to silence its warning
     root = Path(__file__).resolve().parents[1]

@@ -5,12 +5,17 @@ seq_len - n .. seq_len - 1 of its context. Query i sees every key up to its own 
 cached prefix (positions < seq_len - n, all visible) and the new tokens causally.
 
 Algorithm (flash attention over a paged cache):
-- One program per (request, query head, tile of BLOCK_M new tokens). Query head h reads KV
-  head h // G, G = H / K.
+- One program per (query head, request, tile of BLOCK_M new tokens). Query head h reads KV
+  head h // G, G = H / K. The head varies fastest in the launch order, so the G heads that
+  read one KV head run side by side and find its tiles in L2.
 - The program walks keys 0 .. (position of its last query) in tiles of BLOCK_N, gathering each
   tile through the block table as decode does (load_kv_tile), and folds each into an fp32
-  online softmax (online_softmax_step) with the mask key_pos <= query_pos.
+  base-2 online softmax (online_softmax_step). Keys up to the tile's first query are visible
+  to every row, so those whole tiles skip the mask; only the tiles that cross the diagonal
+  apply key_pos <= query_pos.
 - Key 0 is in the first tile and visible to every row, so no row's running max stays -inf.
+- A request's last query tile sees the most keys: programs take their tiles last first, so
+  the heaviest are dispatched first and the light ones fill the GPU's tail.
 - Rows past n (padding of the last query tile) are computed but never stored.
 """
 
@@ -22,7 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.attention.tiles import tiles_for
 from minillm.attention.triton_decode import (
+    LOG2_E,
     check_paged_inputs,
     dot_precision,
     head_dim_block,
@@ -30,10 +37,6 @@ from minillm.attention.triton_decode import (
     load_kv_tile,
     online_softmax_step,
 )
-
-BLOCK_M = 64  # new tokens (query rows) per program
-BLOCK_N = 32  # context positions per tile
-NUM_WARPS = 8  # with 4, the fp32 tiles at D = 128 spill registers on sm_80
 
 
 @triton.jit
@@ -45,16 +48,17 @@ def extend_kernel(
     seq_lens_ptr,  # (B,) int32 context length, this step's tokens included
     seq_ids_ptr,  # (E,) int32 the requests this launch covers
     out_ptr,  # (T, H, D); rows of requests outside seq_ids are left alone
-    max_blocks, scale, H, K, D,
+    max_blocks, qk_scale, H, K, D,
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    b = tl.load(seq_ids_ptr + tl.program_id(0))
-    head, first = tl.program_id(1), tl.program_id(2) * BLOCK_M
+    head, b = tl.program_id(0), tl.load(seq_ids_ptr + tl.program_id(1))
     q_start = tl.load(query_start_loc_ptr + b)
     n = tl.load(query_start_loc_ptr + b + 1) - q_start
-    if first >= n:
+    query_tile = tl.cdiv(n, BLOCK_M) - 1 - tl.program_id(2)  # the last (heaviest) one first
+    if query_tile < 0:
         return  # this request has fewer query tiles than the longest one in the launch
+    first = query_tile * BLOCK_M
     seq_len = tl.load(seq_lens_ptr + b)
     i, d = first + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D)
     query_pos = seq_len - n + i  # (BLOCK_M,) position of each query in the context
@@ -66,14 +70,22 @@ def extend_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table, kv_head = block_tables_ptr + b * max_blocks, head // (H // K)
     end = tl.minimum(seq_len, seq_len - n + first + BLOCK_M)  # 1 past the tile's last query
-    for tile in range(0, end, BLOCK_N):
+    full_end = (seq_len - n + first + 1) // BLOCK_N * BLOCK_N  # keys <= the first query's
+    for tile in range(0, full_end, BLOCK_N):  # seen by every row: no mask on the scores
+        pos = tile + tl.arange(0, BLOCK_N)
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, pos < end, kv_head, d, K, D,
+                            P, UPCAST)
+        m, l, acc = online_softmax_step(q, k, v, None, m, l, acc, qk_scale, False, DOT_PRECISION)
+    for tile in range(full_end, end, BLOCK_N):  # the tiles that cross the causal diagonal
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < end
-        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + b * max_blocks, pos,
-                            valid, head // (H // K), d, K, D, P, UPCAST)
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, valid, kv_head, d, K, D, P,
+                            UPCAST)
         visible = valid[None, :] & (pos[None, :] <= query_pos[:, None])  # (BLOCK_M, BLOCK_N)
-        m, l, acc = online_softmax_step(q, k, v, visible, m, l, acc, scale, DOT_PRECISION)
+        m, l, acc = online_softmax_step(q, k, v, visible, m, l, acc, qk_scale, True,
+                                        DOT_PRECISION)
     out = acc / l[:, None]
     tl.store(out_ptr + rows[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=row_mask)
@@ -107,10 +119,12 @@ def extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: t
                          f"got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
     if seq_ids.numel() == 0 or max_query_len == 0:
         return out
-    grid = (seq_ids.numel(), H, triton.cdiv(max_query_len, BLOCK_M))
+    tiles = tiles_for(q.device, D, q.dtype).extend
+    grid = (H, seq_ids.numel(), triton.cdiv(max_query_len, tiles.block_m))
     extend_kernel[grid](
         q, kv_cache[0], kv_cache[1], block_tables, query_start_loc, seq_lens, seq_ids, out,
-        block_tables.shape[1], 1 / math.sqrt(D), H, K, D,
-        P=P, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(D),
-        DOT_PRECISION=dot_precision(q.dtype), UPCAST=interpreting(), num_warps=NUM_WARPS)
+        block_tables.shape[1], LOG2_E / math.sqrt(D), H, K, D,
+        P=P, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_dim_block(D),
+        DOT_PRECISION=dot_precision(q.dtype), UPCAST=interpreting(), num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages)
     return out
