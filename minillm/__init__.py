@@ -12,7 +12,10 @@ Module map (one concept each):
     kv_cache.py      the paged KV pool, BlockManager (ref counts) and the prefix cache
     scheduler.py     continuous / static batching, chunked prefill, preemption by recompute
     batch.py         one step flattened into tensors: input ids, positions, slots, block tables
-    attention/       paged attention backends: torch_ref (reference) and, on GPU, Triton
+    attention/       paged attention backends: torch_ref (reference) and, on GPU, Triton;
+                     tiles.py picks each kernel's tiles by compute capability
+    fused_ops.py     Triton kernels for the decoder's small ops (add+RMSNorm, q/k rotary,
+                     silu-and-mul), used on CUDA; model.py holds their PyTorch references
     engine.py        the step loop: schedule, forward, sample, stop checks, metrics, trace
     cuda_graph.py    decode steps replayed as CUDA graphs, one per batch-size bucket (GPU)
     llm.py           LLM: generate, stream, stats, trace
