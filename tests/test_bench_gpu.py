@@ -180,3 +180,34 @@ def test_without_hypothesis_property_tests_skip_and_the_rest_run(
                                             str(tests)], tmp_path / "out", timeout=120)
     log = (tmp_path / "out" / "demo.log").read_text()
     assert (result.passed, result.failed, result.skipped) == (1, 0, 1), log
+
+
+TINY = gpu.ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                       tie_word_embeddings=True)
+
+
+def test_the_engine_parts_run_end_to_end_on_a_tiny_model_on_the_cpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same code as on the GPU, less what needs CUDA: the engine's bf16 triton path (torch
+    # attention in float32 here) and the CUDA graph step.
+    def cpu_llm(max_num_seqs: int, max_model_len: int, cuda_graphs: bool = True,
+                **engine_args: object) -> gpu.LLM:
+        return gpu.LLM(TINY, device="cpu", max_num_seqs=max_num_seqs,
+                       max_model_len=max_model_len, enable_cuda_graphs=cuda_graphs,
+                       trace_block_tables=False, max_trace_steps=256, **engine_args)
+
+    workload = gpu.nano_vllm_workload
+    monkeypatch.setattr(gpu, "LLAMA_3_2_1B", TINY)
+    monkeypatch.setattr(gpu, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu, "make_llm", cpu_llm)
+    monkeypatch.setattr(gpu, "nano_vllm_workload", lambda num, vocab, seed=0, lengths=None:
+                        workload(num, vocab, seed, (4, 24)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(gpu, "free", lambda: None)
+    [throughput] = gpu.engine_vs_transformers(num_seqs=6, hf_batch=4)
+    assert throughput.unit == "tokens/s" and throughput.value > 0 and throughput.ratio > 0
+    assert throughput.target == 3.0 and "padded batches of 4" in throughput.baseline_name
+    llm = cpu_llm(2, 256, cuda_graphs=True)  # asked for, and not captured on a CPU
+    tpot = gpu.tpot_figure(llm, roofline=1e-3, new_tokens=8)
+    assert "without CUDA graphs" in tpot.name and tpot.target is None and tpot.value > 0

@@ -160,13 +160,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3,
                         help="times each contender serves the workload, interleaved")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: machine.settle_threads' choice, 1 on a "
+                             "CPU of 2 cores or fewer)")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def main(args: argparse.Namespace) -> dict[str, Ratio]:
     from minillm.model_config import ModelConfig
 
-    machine.settle_threads()
+    if getattr(args, "threads", None) is None:
+        machine.settle_threads()
+    else:
+        torch.set_num_threads(args.threads)
     vocab = ModelConfig.from_pretrained(args.model).vocab_size
     reqs = heavy_tailed_workload(args.num_requests, vocab, args.seed)
     warmup = heavy_tailed_workload(args.batch_size, vocab, args.seed + 1, long_fraction=0.0)
