@@ -34,7 +34,8 @@ Module map (one concept each):
     machine.py       describe() / settle_threads(): the hardware a chapter measured on
     train/           the training script of the shipped tiny model (python -m minillm.train)
     cli.py           the `minillm` console script: minillm serve ..., minillm bench ...
-    bench/           python -m minillm.bench engine|serve|simulate|kernels|gpu: side-by-side
+    bench/           python -m minillm.bench engine|serve|simulate|kernels|gpu|chapters:
+                     side-by-side ratios; gpu_checks.py: the GPU tests and a chapter for `bench gpu`
 """
 
 from minillm import models, roofline
