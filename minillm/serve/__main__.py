@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   enable_prefix_caching=args.enable_prefix_caching,
                   enable_chunked_prefill=args.enable_chunked_prefill,
-                  enable_cuda_graphs=not args.enforce_eager, seed=args.seed)
+                  enable_cuda_graphs=not args.enforce_eager, seed=args.seed,
+                  max_trace_steps=10_000)  # a server runs for days: keep the recent steps
     except (OSError, ValueError) as e:
         print(f"minillm serve: {e}", file=sys.stderr)
         return 2

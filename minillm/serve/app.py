@@ -37,10 +37,10 @@ from minillm.serve.protocol import (
 class Server:
     """The routes' shared state: the LLM, its engine loop, its metrics, its name."""
 
-    def __init__(self, llm: LLM, model_name: str, max_trace_steps: int = 10_000):
+    def __init__(self, llm: LLM, model_name: str):
         self.llm, self.model_name = llm, model_name
         self.metrics = ServerMetrics(llm.engine, model_name)
-        self.loop = EngineLoop(llm, self.metrics.on_step, max_trace_steps)
+        self.loop = EngineLoop(llm, self.metrics.on_step)
 
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The checkpoint's own chat template (the shipped model's writes a play) as token ids."""
@@ -131,11 +131,10 @@ class Server:
         yield "data: [DONE]\n\n"
 
 
-def build_app(llm: LLM, model_name: str | None = None, max_trace_steps: int = 10_000
-              ) -> FastAPI:
+def build_app(llm: LLM, model_name: str | None = None) -> FastAPI:
     """The OpenAI-compatible app serving llm; its engine loop runs while the app does."""
     model_name = model_name or llm.model_name
-    server = Server(llm, model_name, max_trace_steps)
+    server = Server(llm, model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

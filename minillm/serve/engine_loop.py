@@ -50,15 +50,12 @@ class EngineLoop:
     """Runs llm's engine on a background thread, stepping while any request is unfinished.
 
     on_step(outputs) runs on the engine thread after every step (the Prometheus metrics hook).
-    max_trace_steps bounds the engine's trace, which would otherwise grow for as long as the
-    server runs; the most recent steps are kept.
+    A long-running server bounds the engine's trace with EngineConfig.max_trace_steps.
     """
 
-    def __init__(self, llm: LLM, on_step: Callable[[list[RequestOutput]], None] | None = None,
-                 max_trace_steps: int = 10_000):
+    def __init__(self, llm: LLM, on_step: Callable[[list[RequestOutput]], None] | None = None):
         self.llm, self.engine = llm, llm.engine
         self.on_step = on_step
-        self.max_trace_steps = max_trace_steps
         self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._sinks: dict[str, _Add] = {}  # the unfinished requests' streams
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
@@ -120,8 +117,6 @@ class EngineLoop:
                 self._deliver([(out.request_id, out) for out in outputs])
                 if self.on_step is not None:
                     self.on_step(outputs)
-                if len(self.engine.trace) > 2 * self.max_trace_steps:
-                    del self.engine.trace[:-self.max_trace_steps]
         except BaseException as e:  # a failed step: fail every request rather than hang them
             self.error = e
         finally:  # stopped: abort what is left, and tell its clients so none waits forever
