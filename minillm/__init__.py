@@ -14,6 +14,7 @@ Module map (one concept each):
     batch.py         one step flattened into tensors: input ids, positions, slots, block tables
     attention/       paged attention backends: torch_ref (reference) and, on GPU, Triton;
                      tiles.py picks each kernel's tiles by compute capability
+    merged_weights.py  merged qkv / gate_up Linears that keep the checkpoint's names
     fused_ops.py     Triton kernels for the decoder's small ops (add+RMSNorm, q/k rotary,
                      silu-and-mul), used on CUDA; model.py holds their PyTorch references
     engine.py        the step loop: schedule, forward, sample, stop checks, metrics, trace
