@@ -240,19 +240,18 @@ def test_fused_model_keeps_transformers_parity() -> None:
     model = LlamaForCausalLM.random(SMALL)
     missing, _ = model.load_state_dict(hf.state_dict(), strict=False)
     assert missing == []
-    model.fuse(True)
+    model.to(DEVICE).fuse(True)  # the kernels run where the model is: CUDA, or the interpreter
     prompt = list(range(3, 40, 2))
     req = Request("0", prompt, SamplingParams(), arrival_time=0.0)
     req.block_table = [2, 0, 4, 1, 3]
-    batch = build_batch([ScheduledRequest(req, len(prompt), 0, "prefill")], 4,
-                        torch.device("cpu"))
+    batch = build_batch([ScheduledRequest(req, len(prompt), 0, "prefill")], 4, DEVICE)
     kv_cache = torch.zeros(SMALL.num_hidden_layers, 2, 5, 4, SMALL.num_key_value_heads,
-                           SMALL.head_dim)
+                           SMALL.head_dim, device=DEVICE)
     got = model.compute_logits(model(batch.input_ids, batch.positions, kv_cache, batch.attn,
                                      TorchAttention()))
     with torch.no_grad():
         want = hf(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=1e-5)
 
 
 # ---- kernel launches per decode step -----------------------------------------------------------

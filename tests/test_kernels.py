@@ -287,7 +287,8 @@ def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None
     """Compile each kernel for sm_<arch> with the constexprs, warps and stages its launcher
     passes there (here for P = 16, G <= 16, D = 80 or 128: block_d = 128), and check that the
     arch's tiles fit its chip: shared memory within the per-block limit, and no register spills
-    (ptxas's local memory, read from the cubin by cuobjdump, which Triton ships). Self-contained:
+    (ptxas's local memory, read from the cubin by cuobjdump, which Triton ships) unless timing
+    on a GPU of that generation chose the tiles (tiles.MEASURED). Self-contained:
     the test below runs its source in a fresh process, where TRITON_INTERPRET is off, so the
     kernels are JIT functions, not interpreted."""
     import os
@@ -335,7 +336,9 @@ def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None
             usage = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name],
                                    capture_output=True, text=True, check=True).stdout
         spilled = re.search(r"STACK:(\d+).*LOCAL:(\d+)", usage)
-        assert spilled and spilled.groups() == ("0", "0"), (name, constexprs, usage)
+        assert spilled, usage
+        if capability not in tile_table.MEASURED:  # where timing decided, a spill may win
+            assert spilled.groups() == ("0", "0"), (name, constexprs, usage)
 
     build(triton_write_kv.write_kv_kernel, dict(BLOCK_D=block_d))
     decode = dict(P=16, BLOCK_G=16, BLOCK_N=tiles.decode.block_n, BLOCK_D=block_d,

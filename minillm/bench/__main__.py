@@ -9,7 +9,7 @@ import sys
 import torch
 
 from minillm import machine
-from minillm.bench import chapters, engine, gpu, kernels, serve, simulate
+from minillm.bench import chapters, engine, gpu, kernels, serve, simulate, tiles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_arguments(sub.add_parser("serve", help=serve.__doc__.splitlines()[0]))
     simulate.add_arguments(sub.add_parser("simulate", help=simulate.__doc__.splitlines()[0]))
     chapters.add_arguments(sub.add_parser("chapters", help=chapters.__doc__.splitlines()[0]))
+    tiles.add_arguments(sub.add_parser("tiles", help=tiles.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     # Every CPU figure is timed: on a small shared CPU, torch's threads must not stall behind
     # another process's (machine.settle_threads). On a GPU this changes nothing.
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve.main(args)
     if args.command == "chapters":
         return chapters.main(args)
+    if args.command == "tiles":
+        return tiles.main(args)
     if args.command == "simulate":
         simulate.main(args)
         return 0
