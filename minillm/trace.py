@@ -7,6 +7,41 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
+class CacheNode:
+    """One node of the prefix cache as a step left it (PrefixCacheSnapshot.nodes).
+
+    node_id is stable while the node lives (hash chain: the id of its one block; radix tree: a
+    counter, kept across splits by the part nearer the root). parent is the node_id of the node
+    before it in the prefix, None under the root. block_ids are the physical KV blocks it covers,
+    in order (one for the hash chain; a run for the radix tree), num_tokens the tokens they hold.
+    ref_count: running requests that hold it (0: it may be evicted). last_used: the engine step
+    that last matched or inserted it.
+    """
+
+    node_id: int
+    parent: int | None
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    ref_count: int
+    last_used: int
+
+
+@dataclass(frozen=True)
+class PrefixCacheSnapshot:
+    """The prefix cache after one step (StepRecord.prefix_cache), for the widgets to replay.
+
+    design: "hash" or "radix". nodes: every cached node, parents before children. holders: each
+    running request's id -> the node_ids its prompt matched or inserted. evicted: block ids whose
+    cached contents this step threw away to make room.
+    """
+
+    design: str
+    nodes: tuple[CacheNode, ...]
+    holders: dict[str, tuple[int, ...]]
+    evicted: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ScheduledEntry:
     """One request's part of a step: num_tokens new tokens after num_computed_tokens cached."""
 
@@ -38,6 +73,7 @@ class StepRecord:
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     cached_blocks: list[int] = field(default_factory=list)
+    prefix_cache: PrefixCacheSnapshot | None = None  # with prefix caching and block data traced
 
     @property
     def num_tokens(self) -> int:
