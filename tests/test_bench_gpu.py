@@ -211,3 +211,51 @@ def test_the_engine_parts_run_end_to_end_on_a_tiny_model_on_the_cpu(
     llm = cpu_llm(2, 256, cuda_graphs=True)  # asked for, and not captured on a CPU
     tpot = gpu.tpot_figure(llm, roofline=1e-3, new_tokens=8)
     assert "without CUDA graphs" in tpot.name and tpot.target is None and tpot.value > 0
+
+
+def test_bench_tiles_times_every_candidate_with_its_own_tiles(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    # `bench tiles` on the CPU with the timing stubbed: a fake kernel "measures" the tiles the
+    # launchers would use, so the sweep must really swap them in (and back) for each candidate.
+    from minillm.attention import tiles as tile_table
+    from minillm.attention import triton_decode, triton_extend
+    from minillm.bench import tiles as bench_tiles
+
+    table = tile_table.TILES[(9, 0)]
+    monkeypatch.setattr(tile_table, "tiles_for", lambda *_: table)
+    originals = triton_extend.tiles_for, triton_decode.tiles_for
+
+    def fake_prefill(shape, tokens, matmul, device):
+        t = triton_extend.tiles_for(device, 128, torch.bfloat16).extend
+        return [Figure("prefill", t.block_m * t.block_n / t.num_warps, "TFLOP/s", "x", 1.0, 1.0)]
+
+    def fake_decode(shape, batch, context, copy_bw, device):
+        t = triton_decode.tiles_for(device, 128, torch.bfloat16).decode
+        if t.block_n == 128:
+            raise RuntimeError("out of resources")  # a candidate that does not fit is skipped
+        return [Figure("decode", t.block_n * t.num_stages, "GB/s", "x", 1.0, 1.0)]
+
+    monkeypatch.setattr(kernels, "prefill_figures", fake_prefill)
+    monkeypatch.setattr(kernels, "decode_figures", fake_decode)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = argparse.Namespace(kernel="both", prefill_tokens=64, batch=2, context=64)
+    rows = bench_tiles.sweep(args)
+    assert (triton_extend.tiles_for, triton_decode.tiles_for) == originals
+    prefill = {r[1]: r[2] for r in rows if r[0] == "prefill"}
+    decode = {r[1]: r[2] for r in rows if r[0] == "decode"}
+    assert len(prefill) == len(bench_tiles.PREFILL)
+    assert len(decode) == sum(c.block_n != 128 for c in bench_tiles.DECODE)
+    for cand in bench_tiles.PREFILL:
+        assert prefill[str(cand)] == cand.block_m * cand.block_n / cand.num_warps
+    assert [r[1] for r in rows if r[3]] == [str(table.extend), str(table.decode)]
+    out = capsys.readouterr().out
+    assert "failed (RuntimeError: out of resources)" in out and "<- the table" in out
+
+
+def test_bench_tiles_says_it_needs_a_gpu(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture) -> None:
+    from minillm.bench import tiles as bench_tiles
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench_tiles.main(argparse.Namespace(kernel="both")) == 1
+    assert "no CUDA device" in capsys.readouterr().out
