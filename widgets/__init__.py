@@ -1,4 +1,5 @@
-"""Widgets that replay minillm's traces in Jupyter: block tables, batch timeline, roofline, KV.
+"""Widgets that replay minillm's traces in Jupyter: block tables, prefix cache, batch timeline,
+roofline, KV.
 
 Every view is a ``View`` (``widgets.base``): ``to_svg()`` draws its current state, displaying it
 shows that SVG (JupyterLab, GitHub, the static site, nbval), and ``view.widget()`` is the
@@ -9,6 +10,7 @@ interactive anywidget (sliders, dropdowns) for JupyterLab.
 | ``svg.py`` | the colour-blind-safe palette and the SVG string builders |
 | ``base.py`` | ``View`` and its interactive ``ViewWidget`` (JS/CSS in ``static/``) |
 | ``block_table.py`` | ``BlockTableView``: the paged KV pool and block tables at one step |
+| ``prefix_cache.py`` | ``PrefixCacheView``: the prefix cache tree, holders, evictions |
 | ``timeline.py`` | ``BatchTimeline``: requests × steps, phases, token budget use |
 | ``roofline.py`` | ``RooflineExplorer``: the roofline with prefill and decode points |
 | ``kv_calculator.py`` | ``KVCalculator``: KV bytes and concurrent sequences per GPU |
@@ -16,9 +18,10 @@ interactive anywidget (sliders, dropdowns) for JupyterLab.
 
 from widgets.base import View, ViewWidget
 from widgets.block_table import BlockTableView
+from widgets.prefix_cache import PrefixCacheView
 from widgets.timeline import BatchTimeline
 
-__all__ = ["View", "ViewWidget", "BlockTableView", "BatchTimeline"]
+__all__ = ["View", "ViewWidget", "BlockTableView", "PrefixCacheView", "BatchTimeline"]
 
 # RooflineExplorer and KVCalculator are written alongside these views in roofline.py and
 # kv_calculator.py. Until both modules exist, import them guarded so the package still imports;

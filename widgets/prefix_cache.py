@@ -1,0 +1,343 @@
+"""PrefixCacheView: the prefix cache at one engine step, replayed from a trace.
+
+A step's PrefixCacheSnapshot (StepRecord.prefix_cache) lists every cached node with its parent,
+blocks, tokens, reference count and last use, which running requests hold which nodes, and the
+blocks the step evicted. The view draws the nodes as a tree, root at the left and one column
+per depth. A node held by running requests is filled with its (first) holder's colour, as in
+BlockTableView, and tagged with every holder; a node no request holds (ref count 0, evictable)
+is hatched, paler the longer ago it was last used. The blocks evicted in the step are crossed
+out in a strip under the tree.
+
+A hash chain keeps one node per block, so a 1,024-token system prompt is a chain of 64 nodes:
+an unbranched run of nodes with the same holders is drawn as one box that lists its blocks (the
+run a radix tree would store as one node). At most MAX_CHILDREN branches of a node, and about
+MAX_ROWS rows in all, are drawn; the rest share one grey box whose hover text names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from minillm.trace import CacheNode, PrefixCacheSnapshot, StepRecord
+from widgets import svg as s
+from widgets.base import TraceView, slider
+from widgets.block_table import request_colors
+
+BOX_W, BOX_H = 156, 30  # px of a node's box; its holder tags go in the 14 px under it
+COL_W, ROW_H = BOX_W + 40, BOX_H + 22  # px per tree depth and per leaf row
+ROOT_W, TOP = 40, 58  # the root marker's width; the y of the first row
+LABEL_CHARS = 28  # characters of a 9 px label that fit in a box
+MAX_CHILDREN, MAX_ROWS = 16, 40
+MAX_GHOSTS = 48  # evicted blocks drawn in the strip; the rest are counted
+RECENCY = ("#E3F1FA", "#BFE0F4", "#8FC8EC", "#5AA9DD")  # hatch colours, least to most recent
+NO_DATA = ("no prefix-cache data in this step: run with enable_prefix_caching=True and block "
+           "data traced")
+
+
+@dataclass
+class Box:
+    """One drawn box: a run of nodes (each the only child of the one before, with the same
+    holders), or, with nodes empty, the branches left out (hidden) under one parent."""
+
+    nodes: list[CacheNode]
+    holders: list[str]
+    children: list[Box] = field(default_factory=list)
+    hidden: list[CacheNode] = field(default_factory=list)
+    depth: int = 0
+    row: float = 0.0
+
+    @property
+    def blocks(self) -> list[int]:
+        return [b for n in self.nodes or self.hidden for b in n.block_ids]
+
+    @property
+    def last_used(self) -> int:
+        return max(n.last_used for n in self.nodes or self.hidden)
+
+    def subtree(self) -> list[CacheNode]:
+        return self.nodes + self.hidden + [n for c in self.children for n in c.subtree()]
+
+
+@dataclass(frozen=True)
+class CacheCounts:
+    """What the caption says about one snapshot: nodes, blocks and tokens cached, blocks held
+    by running requests (ref count > 0) or evictable (ref count 0), blocks evicted in the step."""
+
+    design: str
+    nodes: int
+    blocks: int
+    tokens: int
+    held_blocks: int
+    evictable_blocks: int
+    evicted_blocks: int
+
+
+def cache_counts(snap: PrefixCacheSnapshot) -> CacheCounts:
+    held = sum(len(n.block_ids) for n in snap.nodes if n.ref_count > 0)
+    blocks = sum(len(n.block_ids) for n in snap.nodes)
+    return CacheCounts(snap.design, len(snap.nodes), blocks, sum(n.num_tokens for n in snap.nodes),
+                       held, blocks - held, len(snap.evicted))
+
+
+def build_tree(snap: PrefixCacheSnapshot) -> list[Box]:
+    """The snapshot's nodes as boxes under the root (a node whose parent is not in the
+    snapshot hangs from the root); an unbranched run of nodes with the same holders and ref
+    count (and, at ref count 0, the same recency level) shares a box."""
+    levels = recency_levels(snap)
+    holders: dict[int, list[str]] = {}
+    for rid, node_ids in snap.holders.items():
+        for node_id in node_ids:
+            holders.setdefault(node_id, []).append(rid)
+    known = {n.node_id for n in snap.nodes}
+    children: dict[int | None, list[CacheNode]] = {}
+    for n in snap.nodes:
+        children.setdefault(n.parent if n.parent in known else None, []).append(n)
+
+    def key(n: CacheNode) -> tuple:
+        return n.ref_count, holders.get(n.node_id, []), n.ref_count or levels[n.last_used]
+
+    def run_from(node: CacheNode) -> Box:
+        nodes = [node]
+        while len(kids := children.get(nodes[-1].node_id, [])) == 1 and key(kids[0]) == key(node):
+            nodes.append(kids[0])
+        box = Box(nodes, holders.get(node.node_id, []))
+        box.children = [run_from(c) for c in children.get(nodes[-1].node_id, [])]
+        return box
+
+    return [run_from(n) for n in children.get(None, [])]
+
+
+def layout(roots: list[Box]) -> list[Box]:
+    """Give every box a depth and a row (leaves on consecutive rows, a parent midway between
+    its first and last child, so boxes never overlap); returns the boxes drawn, parents first."""
+    drawn: list[Box] = []
+    next_row = 0
+
+    def place(boxes: list[Box], depth: int) -> list[Box]:
+        nonlocal next_row
+        shown = boxes
+        if len(boxes) > MAX_CHILDREN:  # keep the held and most recently used branches
+            ranked = sorted(boxes, key=lambda b: (not b.holders, -b.last_used))
+            kept = {id(b) for b in ranked[:MAX_CHILDREN - 1]}
+            shown = [b for b in boxes if id(b) in kept]
+        placed = []
+        for box in shown:
+            if next_row >= MAX_ROWS:
+                break
+            box.depth = depth
+            drawn.append(box)
+            box.children = place(box.children, depth + 1)
+            box.row = ((box.children[0].row + box.children[-1].row) / 2 if box.children
+                       else next_row)
+            next_row += not box.children
+            placed.append(box)
+        placed_ids = {id(b) for b in placed}
+        rest = [n for b in boxes if id(b) not in placed_ids for n in b.subtree()]
+        if rest:
+            more = Box([], [], hidden=rest, depth=depth, row=next_row)
+            drawn.append(more)
+            placed.append(more)
+            next_row += 1
+        return placed
+
+    place(roots, 0)
+    return drawn
+
+
+def recency_levels(snap: PrefixCacheSnapshot) -> dict[int, int]:
+    """last_used -> 0 (least recent) .. len(RECENCY) - 1, over the evictable nodes' uses."""
+    uses = sorted({n.last_used for n in snap.nodes if n.ref_count == 0})
+    return {u: (len(RECENCY) - 1) * i // max(len(uses) - 1, 1) if len(uses) > 1
+            else len(RECENCY) - 1 for i, u in enumerate(uses)}
+
+
+def block_label(blocks: list[int]) -> str:
+    """'blocks 4 5 6', or 'blocks 4 5 … 99 (64)' where the list does not fit in a box."""
+    text = ("block " if len(blocks) == 1 else "blocks ") + " ".join(map(str, blocks))
+    if len(text) <= LABEL_CHARS:
+        return text
+    tail, head = f" … {blocks[-1]} ({len(blocks)})", "blocks"
+    for b in blocks:
+        if len(f"{head} {b}{tail}") > LABEL_CHARS:
+            break
+        head += f" {b}"
+    return head + tail
+
+
+def ids(values: Sequence[object]) -> str:
+    return ", ".join(map(str, values))
+
+
+class PrefixCacheView(TraceView):
+    """The prefix cache at trace[step] as a tree of cached blocks, coloured by who holds them.
+
+    trace: StepRecords from an engine with enable_prefix_caching=True and block data traced
+    (llm.trace); step: which record (default the last that carries a snapshot). Held nodes
+    take their first holder's colour (as in BlockTableView) and list every holder under the box,
+    shared ones (ref count > 1) have a thick black outline; evictable nodes are hatched, paler
+    the longer ago they were used; blocks evicted in the step are crossed out under the tree.
+    """
+
+    def __init__(self, trace: Sequence[StepRecord], step: int | None = None):
+        self.trace = list(trace)
+        with_data = [i for i, rec in enumerate(self.trace) if rec.prefix_cache is not None]
+        if not with_data:
+            raise ValueError(
+                f"PrefixCacheView needs steps that record the prefix cache; none of the trace's "
+                f"{len(self.trace)} steps does: run LLM(enable_prefix_caching=True) with block "
+                "data traced (EngineConfig.trace_block_tables, on by default for pools up to "
+                "TRACE_BLOCKS_MAX_POOL blocks)")
+        self.colors = request_colors(self.trace)
+        for rec in self.trace:  # a holder the scheduled lists never named still gets a colour
+            for rid in rec.prefix_cache.holders if rec.prefix_cache else ():
+                self.colors.setdefault(rid, s.owner_color(len(self.colors)))
+        self.step = with_data[-1] if step is None else step
+
+    def controls(self) -> list[dict]:
+        return [slider("step", 0, len(self.trace) - 1, play=True)]
+
+    def snapshot(self) -> PrefixCacheSnapshot | None:
+        """The prefix cache after the selected step (None where the step recorded none)."""
+        return self.trace[self.step].prefix_cache
+
+    def counts(self) -> CacheCounts | None:
+        """The caption's counts for the selected step (None where it recorded no cache)."""
+        snap = self.snapshot()
+        return None if snap is None else cache_counts(snap)
+
+    def to_svg(self) -> str:
+        rec, snap = self.trace[self.step], self.snapshot()
+        title = f"Prefix cache at step {rec.step} ({self.step + 1} of {len(self.trace)})"
+        if snap is None:
+            body = s.text(0, 16, title, size=13, font_weight="bold") + s.text(0, 40, NO_DATA)
+            return s.svg(max(6 * len(NO_DATA), 620), 56, body, title=title)
+        c = cache_counts(snap)
+        caption = (f"{c.design} · {c.nodes} nodes · {c.blocks} blocks ({c.tokens:,} tokens) · "
+                   f"blocks held {c.held_blocks}, evictable {c.evictable_blocks}, evicted this "
+                   f"step {c.evicted_blocks}")
+        boxes = layout(build_tree(snap))
+        rows = max((b.row for b in boxes), default=0) + 1
+        cols = max((b.depth for b in boxes), default=0) + 1
+        tree_h = TOP + rows * ROW_H
+        body = [s.hatch(f"minillm-lru-{i}", color) for i, color in enumerate(RECENCY)]
+        body += [s.text(0, 16, title, size=13, font_weight="bold"), s.text(0, 34, caption)]
+        body.append(self._tree_svg(snap, boxes))
+        y = tree_h + 8
+        if snap.evicted:
+            body.append(self._evicted_svg(snap.evicted, y))
+            y += 44
+        body.append(self._legend_svg(y + 12))
+        width = max(ROOT_W + 24 + cols * COL_W, 6 * len(caption), 640)
+        return s.svg(width, y + 44, "".join(body), title=title)
+
+    def _tree_svg(self, snap: PrefixCacheSnapshot, boxes: list[Box]) -> str:
+        tops = [b for b in boxes if b.depth == 0]
+        root_y = TOP + (tops[0].row + tops[-1].row) / 2 * ROW_H if tops else TOP
+        out = [s.rect(0, root_y, ROOT_W, BOX_H, s.ROLE["background"], stroke=s.ROLE["text"],
+                      rx=4, title=f"the root of the {snap.design} prefix cache", class_="root"),
+               s.text(ROOT_W / 2, root_y + BOX_H / 2 + 4, "root", size=10, anchor="middle")]
+        if not tops:
+            out.append(s.text(ROOT_W + 12, root_y + BOX_H / 2 + 4,
+                              "the cache is empty: no cached blocks", fill=s.ROLE["grid"]))
+        edges = [(None, b) for b in tops] + [(p, c) for p in boxes for c in p.children]
+        for parent, child in edges:
+            x0, y0 = (ROOT_W, root_y) if parent is None else self._corner(parent)
+            x1, y1 = self._corner(child)
+            xm, y0, y1 = x1 - (COL_W - BOX_W) / 2, y0 + BOX_H / 2, y1 + BOX_H / 2
+            out.append(s.polyline([(x0 + (parent is not None) * BOX_W, y0), (xm, y0), (xm, y1),
+                                   (x1, y1)], stroke=s.ROLE["grid"]))
+        levels = recency_levels(snap)
+        out += [self._box_svg(b, snap.design, levels) for b in boxes]
+        return "".join(out)
+
+    def _corner(self, box: Box) -> tuple[float, float]:
+        """The top-left corner of a box."""
+        return ROOT_W + 24 + box.depth * COL_W, TOP + box.row * ROW_H
+
+    def _box_svg(self, box: Box, design: str, levels: dict[int, int]) -> str:
+        x, y = self._corner(box)
+        if not box.nodes:
+            n_branches = len({n.node_id for n in box.hidden if n.parent not in
+                              {m.node_id for m in box.hidden}})
+            hover = (f"not drawn: nodes {ids([n.node_id for n in box.hidden])}; blocks "
+                     f"{ids(box.blocks)}")
+            return (s.rect(x, y, BOX_W, BOX_H, s.ROLE["waiting"], title=hover, class_="node more",
+                           stroke=s.ROLE["grid"], stroke_dasharray="3 2")
+                    + s.text(x + 6, y + 12, f"+{n_branches} more branches", size=9)
+                    + s.text(x + 6, y + 24, f"{len(box.hidden)} nodes, {len(box.blocks)} blocks",
+                             size=9))
+        ref, first = box.nodes[0].ref_count, box.nodes[0]
+        tokens = sum(n.num_tokens for n in box.nodes)
+        if ref > 0:
+            fill = self.colors.get(box.holders[0] if box.holders else "", s.ROLE["grid"])
+            who = ids(box.holders) or "requests the snapshot does not name"
+            state = f"held by {who} (ref count {ref})"
+        else:
+            fill = f"url(#minillm-lru-{levels[box.last_used]})"
+            uses = sorted({n.last_used for n in box.nodes})
+            state = ("ref count 0, evictable; last used at step "
+                     + (f"{uses[0]}" if len(uses) == 1 else f"{uses[0]}–{uses[-1]}"))
+        name = (f"node {first.node_id}" if len(box.nodes) == 1 else
+                f"nodes {ids([n.node_id for n in box.nodes])} ({len(box.nodes)} {design} nodes, "
+                "each the only child of the one before)")
+        hover = f"{name}: blocks {ids(box.blocks)}; {tokens} tokens; {state}"
+        stroke = ({"stroke": s.ROLE["shared"], "stroke_width": 2.5} if ref > 1
+                  else {"stroke": s.ROLE["text"], "stroke_width": 1})
+        ink = {"fill": s.text_color_on(fill)} if ref > 0 else {
+            "stroke": s.ROLE["background"], "stroke_width": 2.5, "paint_order": "stroke"}
+        what = f"node {first.node_id}" if len(box.nodes) == 1 else f"{len(box.nodes)} nodes"
+        line2 = f"{tokens} tok · {what}" + (f" · ×{ref}" if ref > 1 else "")
+        out = [s.rect(x, y, BOX_W, BOX_H, fill, title=hover, rx=3,
+                      class_="node held" if ref > 0 else "node evictable", **stroke),
+               s.text(x + 6, y + 12, block_label(box.blocks), size=9, pointer_events="none", **ink),
+               s.text(x + 6, y + 25, line2, size=9, pointer_events="none", **ink)]
+        return "".join(out) + self._tags_svg(box.holders, x, y + BOX_H + 3)
+
+    def _tags_svg(self, holders: list[str], x: float, y: float) -> str:
+        """A colour swatch and the id of each holder, in a row under a box."""
+        out, cx = [], x
+        for i, rid in enumerate(holders):
+            tag = rid if len(rid) <= 6 else rid[:5] + "…"
+            wide = 13 + 5.5 * len(tag)
+            if cx + wide > x + BOX_W:  # the box's hover text names them all
+                out.append(s.text(cx, y + 8, f"+{len(holders) - i}", size=8))
+                break
+            out.append(s.rect(cx, y, 8, 8, self.colors.get(rid, s.ROLE["grid"]),
+                              title=f"held by request {rid}", class_="holder"))
+            out.append(s.text(cx + 10, y + 8, tag, size=8))
+            cx += wide
+        return "".join(out)
+
+    def _evicted_svg(self, evicted: Sequence[int], y: float) -> str:
+        """The blocks evicted in the step as crossed-out ghosts, with the node that held each
+        in the last earlier snapshot."""
+        before = next((self.trace[i].prefix_cache for i in range(self.step - 1, -1, -1)
+                       if self.trace[i].prefix_cache is not None), None)
+        was = {b: n for n in (before.nodes if before else ()) for b in n.block_ids}
+        out = [s.text(0, y + 10, f"evicted in this step ({len(evicted)} blocks, their cached KV "
+                                 "thrown away to make room):", font_weight="bold")]
+        for i, b in enumerate(evicted[:MAX_GHOSTS]):
+            gx, gy = i * 24, y + 16
+            node = was.get(b)
+            hover = f"block {b}: evicted in this step" + (
+                f" (it was in node {node.node_id}, child of node {node.parent})" if node else "")
+            out.append(s.rect(gx + 1, gy, 22, 20, s.ROLE["free"], title=hover,
+                              class_="evicted", stroke=s.ROLE["preempted"], stroke_dasharray="3 2"))
+            out.append(s.line(gx + 3, gy + 2, gx + 21, gy + 18, stroke=s.ROLE["preempted"]))
+            out.append(s.text(gx + 12, gy + 14, b, size=8, anchor="middle",
+                              pointer_events="none"))
+        if len(evicted) > MAX_GHOSTS:
+            out.append(s.text(MAX_GHOSTS * 24 + 4, y + 30, f"+{len(evicted) - MAX_GHOSTS} more",
+                              title=f"evicted: blocks {ids(evicted)}"))
+        return "".join(out)
+
+    def _legend_svg(self, y: float) -> str:
+        held = [(s.owner_color(0), "held (colour = request)"),
+                (s.owner_color(1), "shared (ref count > 1)",
+                 {"stroke": s.ROLE["shared"], "stroke_width": 2.5})]
+        cached = [(f"url(#minillm-lru-{len(RECENCY) - 1})", "ref 0, used recently"),
+                  ("url(#minillm-lru-0)", "ref 0, used longest ago (LRU evicts first)"),
+                  (s.ROLE["free"], "evicted this step",
+                   {"stroke": s.ROLE["preempted"], "stroke_dasharray": "3 2"})]
+        return s.legend(held, 0, y) + s.legend(cached, 0, y + 18)
