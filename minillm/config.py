@@ -7,6 +7,8 @@ from typing import Literal
 
 Scheduling = Literal["continuous", "static"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
+PrefixCaching = Literal["hash", "radix"]
+SchedulingPolicy = Literal["fcfs", "lpm"]
 # Above this many blocks a step's trace copy of the cached free blocks (up to the whole pool)
 # would rival the step itself; chapters' pools stay well under it (8,192 at most).
 TRACE_BLOCKS_MAX_POOL = 16_384
@@ -21,6 +23,12 @@ class EngineConfig:
     max_num_batched_tokens: the token budget of one step (prefill chunks plus decodes).
     enable_chunked_prefill: split long prompts into chunks that share steps with decodes.
     enable_prefix_caching: reuse the KV blocks of an identical, already computed prefix.
+    prefix_caching: how cached blocks are found and evicted: "hash" (vLLM's chain of block
+        hashes, least recently freed block reused first) or "radix" (SGLang's RadixAttention
+        tree, least recently used unheld leaf evicted); see minillm.kv_cache.
+    scheduling_policy: the order waiting requests are admitted in: "fcfs" (arrival) or "lpm"
+        (SGLang's longest prefix match: the longest cached prefix first, with a bound on how
+        long a request can be passed over; needs prefix caching). See minillm.scheduler.
     scheduling: "continuous" (iteration-level, Orca/vLLM) or "static" (run a batch to completion).
     num_kv_blocks: size of the KV pool in blocks; None sizes it from memory.
     max_model_len: longest sequence (prompt + output) in tokens; None takes the model's.
@@ -40,6 +48,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
+    prefix_caching: PrefixCaching = "hash"
+    scheduling_policy: SchedulingPolicy = "fcfs"
     scheduling: Scheduling = "continuous"
     attention_backend: AttentionBackendName = "auto"
     num_kv_blocks: int | None = None
@@ -63,6 +73,7 @@ class EngineConfig:
             raise ValueError(
                 f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"
             )
+        self._check_prefix_caching()
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 "attention_backend must be 'auto', 'torch' or 'triton', "
@@ -93,3 +104,19 @@ class EngineConfig:
         ):
             raise ValueError(
                 f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+
+    def _check_prefix_caching(self) -> None:
+        if self.prefix_caching not in ("hash", "radix"):
+            raise ValueError(
+                f"prefix_caching must be 'hash' or 'radix', got {self.prefix_caching!r}")
+        if self.scheduling_policy not in ("fcfs", "lpm"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'lpm', got {self.scheduling_policy!r}")
+        # Both would be silently ignored without a cache: a run meant to measure them would
+        # measure nothing, so say so.
+        if self.prefix_caching == "radix" and not self.enable_prefix_caching:
+            raise ValueError("prefix_caching='radix' picks the cache's design but the cache is "
+                             "off: pass enable_prefix_caching=True as well")
+        if self.scheduling_policy == "lpm" and not self.enable_prefix_caching:
+            raise ValueError("scheduling_policy='lpm' admits the longest cached prefix first, "
+                             "which needs enable_prefix_caching=True")

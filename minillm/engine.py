@@ -39,7 +39,7 @@ class Engine:
             mc.num_hidden_layers, config.num_kv_blocks, config.block_size,
             mc.num_key_value_heads, mc.head_dim, model.lm_head.weight.dtype, self.device)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching, config.prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.backend = get_backend(config.attention_backend, self.device)
         self.graph_runner: DecodeGraphRunner | None = None
@@ -160,6 +160,7 @@ class Engine:
         """Run one step; return an output for every request that produced a token in it."""
         self._check_thread()
         start = self.clock()
+        self.block_manager.step = self.num_steps  # the prefix cache's LRU clock
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.has_unfinished_requests() and not out.preempted:
@@ -237,11 +238,14 @@ class Engine:
         entries = [ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
                                   s.num_computed_tokens) for s in out.scheduled]
         bm, limit = self.block_manager, self.config.max_trace_steps
+        evicted = bm.take_evicted()  # taken every step, traced or not, so it never piles up
         self.trace.append(StepRecord(
             step=self.num_steps, start=start, end=end, scheduled=entries,
             num_free_blocks=bm.num_free_blocks, block_tables=tables,
             preempted=[r.request_id for r in out.preempted], finished=finished,
-            cached_blocks=bm.cached_free_blocks() if self.trace_block_tables else []))
+            cached_blocks=bm.cached_free_blocks() if self.trace_block_tables else [],
+            prefix_cache=bm.snapshot(self.scheduler.running, evicted)
+            if self.trace_block_tables and bm.enable_prefix_caching else None))
         self.num_steps += 1
         if limit is not None and len(self.trace) >= 2 * limit:
             del self.trace[:-limit]  # one cut per limit steps: O(1) a step on average
@@ -254,6 +258,9 @@ class Engine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": bm.prefix_cache_queries,
             "prefix_cache_hits": bm.prefix_cache_hits,
+            "prefix_cache_query_tokens": bm.prefix_cache_query_tokens,
+            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
+            "prefix_cache_evictions": bm.prefix_cache_evictions,
             "num_waiting": len(self.scheduler.waiting),
             "num_running": len(self.scheduler.running),
         }

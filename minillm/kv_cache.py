@@ -3,9 +3,14 @@
 Every layer's K and V live in one tensor of shape (L, 2, N, P, K, D): N blocks of P token slots.
 A sequence owns a block table (its list of physical block ids); token t of the sequence sits in
 slot block_table[t // P] * P + t % P. Blocks are reference counted so that sequences with the
-same prefix can share them; with prefix caching, a full block is registered under a hash of its
-tokens chained with the hash of the block before it, and stays reusable after its last owner
-frees it until the pool needs the space (least recently freed goes first).
+same prefix can share them. With prefix caching, full computed blocks stay reusable after their
+last owner frees them, until the pool needs the space. Two designs find them:
+
+- "hash" (vLLM's automatic prefix caching, kept here): a full block is registered under a hash of
+  its tokens chained with the hash of the block before it; the least recently freed block is
+  reused first, cached or not.
+- "radix" (SGLang's RadixAttention, minillm.radix_cache): a tree of block runs keyed by tokens;
+  plain free blocks are used first, then the least recently used leaf nobody holds is evicted.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.config import PrefixCaching
+from minillm.radix_cache import RadixCache
 from minillm.request import Request
+from minillm.trace import CacheNode, PrefixCacheSnapshot
 
 
 @dataclass
@@ -27,6 +35,8 @@ class Block:
     ref_count: int = 0
     hash: bytes | None = None  # set once the block is full and its K/V are computed
     token_ids: tuple[int, ...] = ()
+    parent_hash: bytes = b""  # the chain hash of the block before it (hash design)
+    last_used: int = 0  # the engine step that last registered, matched or freed it
 
 
 @dataclass(frozen=True)
@@ -59,20 +69,35 @@ def kv_cache_block_bytes(
 
 
 class BlockManager:
-    """Hands out KV blocks to requests, counts references and keeps the prefix cache."""
+    """Hands out KV blocks to requests, counts references and keeps the prefix cache.
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    prefix_caching picks the cache's design when enable_prefix_caching is on: "hash" or "radix"
+    (see the module docstring). step is the engine's step number, which the engine sets before
+    each step: the radix tree's LRU order and the trace's last_used read it.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 prefix_caching: PrefixCaching = "hash"):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_caching = prefix_caching
+        self.radix = (RadixCache(block_size) if enable_prefix_caching and prefix_caching == "radix"
+                      else None)
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Blocks nobody holds, least recently freed first; cached ones among them stay findable.
+        # (Radix: plain free blocks sit in front of the cached ones, so they go first.)
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # The free blocks that still hold a registered prefix, in the same order, kept as blocks
         # come and go so that counting them never scans the pool (a GPU pool has ~10^5 blocks).
         self.cached_free: dict[int, None] = {}
         self.cached: dict[bytes, int] = {}  # chain hash -> block id
+        self.step = 0
         self.prefix_cache_queries = 0  # full blocks looked up at admission
         self.prefix_cache_hits = 0  # of those, blocks found in the cache
+        self.prefix_cache_query_tokens = 0  # prompt tokens looked up (all but the last)
+        self.prefix_cache_hit_tokens = 0  # of those, tokens whose K/V were reused
+        self.prefix_cache_evictions = 0  # cached blocks thrown away to make room
+        self.evicted: list[int] = []  # their ids since the engine last took them (take_evicted)
 
     @property
     def num_blocks(self) -> int:
@@ -93,6 +118,12 @@ class BlockManager:
         Least recently freed first; costs one copy of those ids, never a scan of the pool."""
         return list(self.cached_free)
 
+    def is_cached(self, block_id: int) -> bool:
+        """Whether the block holds K/V that the prefix cache may hand out again."""
+        if self.radix is not None:
+            return self.radix.is_cached(block_id)
+        return self.blocks[block_id].hash is not None
+
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -105,6 +136,8 @@ class BlockManager:
             return PrefixMatch([], 0)
         P = self.block_size
         num_full = (len(token_ids) - 1) // P
+        if self.radix is not None:
+            return PrefixMatch(self.radix.match(token_ids, num_full), num_full)
         parent, hits = b"", []
         for i in range(num_full):
             tokens = tuple(token_ids[i * P:(i + 1) * P])
@@ -124,37 +157,59 @@ class BlockManager:
         return max(needed, 0) + idle <= len(self.free_blocks)
 
     def allocate(self, req: Request, num_tokens: int, match: PrefixMatch | None = None) -> bool:
-        """Grow req's block table to hold num_tokens; False (and no change) if the pool is short."""
+        """Grow req's block table to hold num_tokens; False (and no change) if the pool is short.
+
+        match must be match_prefix(req.token_ids), taken just before."""
         prefix = match.block_ids if match else []
         if not self.can_allocate(req, num_tokens, prefix):
             return False
         if match is not None:
-            self.prefix_cache_queries += match.num_queried
-            self.prefix_cache_hits += len(prefix)
+            self._count_lookup(req, match)
         for block_id in prefix:
             self.blocks[block_id].ref_count += 1
+            self.blocks[block_id].last_used = self.step
             self.free_blocks.pop(block_id, None)
             self.cached_free.pop(block_id, None)
             req.block_table.append(block_id)
+        if self.radix is not None and prefix:  # held before fresh blocks are taken, which evict
+            self.radix.acquire(req.request_id, prefix, self.step)
         for _ in range(self.num_blocks_for(num_tokens) - len(req.block_table)):
             req.block_table.append(self._take_free_block())
         return True
 
+    def _count_lookup(self, req: Request, match: PrefixMatch) -> None:
+        self.prefix_cache_queries += match.num_queried
+        self.prefix_cache_hits += len(match.block_ids)
+        if self.enable_prefix_caching:
+            self.prefix_cache_query_tokens += req.num_tokens - 1
+            self.prefix_cache_hit_tokens += len(match.block_ids) * self.block_size
+
     def free(self, req: Request) -> None:
         """Release req's blocks. The last blocks go to the free list first, so a shared prefix
         outlives the tails that are less likely to be asked for again."""
+        if self.radix is not None:
+            self.radix.release(req.request_id, self.step)
         for block_id in reversed(req.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free_blocks[block_id] = None
-                if block.hash is not None:  # only full, computed blocks carry a hash
-                    self.cached_free[block_id] = None
+                block.last_used = self.step
+                self._add_free(block_id)
         req.block_table = []
+
+    def _add_free(self, block_id: int) -> None:
+        self.free_blocks[block_id] = None
+        if self.is_cached(block_id):  # hash: only full, computed blocks carry a hash
+            self.cached_free[block_id] = None
+        elif self.radix is not None:  # plain blocks go first, so a cached one waits
+            self.free_blocks.move_to_end(block_id, last=False)
 
     def cache_full_blocks(self, req: Request) -> None:
         """Register req's newly full, computed blocks in the prefix cache."""
         if not self.enable_prefix_caching:
+            return
+        if self.radix is not None:
+            self._insert_radix(req)
             return
         P, table = self.block_size, req.block_table
         num_full = min(req.num_computed_tokens // P, len(table))
@@ -165,17 +220,90 @@ class BlockManager:
         for i in range(first, num_full):
             block = self.blocks[table[i]]
             block.token_ids = tuple(req.token_ids[i * P:(i + 1) * P])
+            block.parent_hash, block.last_used = parent, self.step
             block.hash = parent = chain_hash(parent, block.token_ids)
             # Two requests may compute the same block at once; the first one registered stays.
             self.cached.setdefault(block.hash, block.block_id)
 
+    def _insert_radix(self, req: Request) -> None:
+        """Insert req's full computed blocks in the tree; where the tree already held the same
+        tokens, req's table takes the tree's block and its own copy goes back to the pool."""
+        assert self.radix is not None
+        table = req.block_table
+        num_full = min(req.num_computed_tokens // self.block_size, len(table))
+        for index, tree_block in self.radix.insert(req.request_id, req.token_ids, table,
+                                                   num_full, self.step):
+            copy = self.blocks[table[index]]
+            self.blocks[tree_block].ref_count += 1
+            self.free_blocks.pop(tree_block, None)
+            self.cached_free.pop(tree_block, None)
+            table[index] = tree_block
+            copy.ref_count -= 1
+            assert copy.ref_count == 0, "a block outside the tree is never shared"
+            self._add_free(copy.block_id)
+
     def _take_free_block(self) -> int:
+        if self.radix is not None and next(iter(self.free_blocks)) in self.cached_free:
+            self._evict_radix_leaf()  # no plain free block is left
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: the block is about to hold other tokens
             del self.cached_free[block_id]
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
+                self._count_eviction([block_id])
             block.hash, block.token_ids = None, ()
         block.ref_count = 1
         return block_id
+
+    def _evict_radix_leaf(self) -> None:
+        assert self.radix is not None
+        evicted = self.radix.evict_leaf()
+        for block_id in evicted:
+            del self.cached_free[block_id]
+            self.free_blocks.move_to_end(block_id, last=False)
+        self._count_eviction(evicted)
+
+    def _count_eviction(self, block_ids: list[int]) -> None:
+        self.prefix_cache_evictions += len(block_ids)
+        self.evicted.extend(block_ids)
+
+    # ---- what the trace records --------------------------------------------------------------
+
+    def take_evicted(self) -> list[int]:
+        """The blocks evicted since the last call (the engine takes them once a step)."""
+        evicted, self.evicted = self.evicted, []
+        return evicted
+
+    def snapshot(self, running: Sequence[Request], evicted: Sequence[int] = ()
+                 ) -> PrefixCacheSnapshot:
+        """The prefix cache as minillm.trace.PrefixCacheSnapshot, with the requests holding it.
+
+        O(cached blocks + running requests' blocks): only for traced steps."""
+        if self.radix is not None:
+            radix = self.radix
+            holders = {r.request_id: tuple(n.node_id for n in radix.held_path(r.request_id))
+                       for r in running}
+            return PrefixCacheSnapshot("radix", radix.cache_nodes(), holders, tuple(evicted))
+        nodes = self._hash_chain_nodes()
+        ids = {n.node_id for n in nodes}
+        holders = {r.request_id: tuple(b for b in r.block_table if b in ids) for r in running}
+        return PrefixCacheSnapshot("hash", nodes, holders, tuple(evicted))
+
+    def _hash_chain_nodes(self) -> tuple[CacheNode, ...]:
+        """One node per registered block reachable from the start of a prompt, parents first.
+
+        A block whose chain lost an earlier block to eviction can no longer be matched, so it
+        is left out, though its block still counts as cached free until it is reused."""
+        children: dict[bytes, list[int]] = {}
+        for block_id in self.cached.values():
+            children.setdefault(self.blocks[block_id].parent_hash, []).append(block_id)
+        nodes, stack = [], [(b"", None)]
+        while stack:
+            parent_hash, parent_id = stack.pop()
+            for block_id in children.get(parent_hash, []):
+                block = self.blocks[block_id]
+                nodes.append(CacheNode(block_id, parent_id, (block_id,), self.block_size,
+                                       block.ref_count, block.last_used))
+                stack.append((block.hash, block_id))
+        return tuple(nodes)

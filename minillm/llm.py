@@ -115,7 +115,8 @@ def run_largest_step(model: LlamaForCausalLM, config: EngineConfig, max_model_le
     blocks = sum(-(-(n + 1) // config.block_size) for n in lengths)
     warm_config = dataclasses.replace(
         config, num_kv_blocks=blocks, max_model_len=max_model_len, scheduling="continuous",
-        enable_cuda_graphs=False, enable_prefix_caching=False, trace_block_tables=False)
+        enable_cuda_graphs=False, enable_prefix_caching=False, prefix_caching="hash",
+        scheduling_policy="fcfs", trace_block_tables=False)
     engine = Engine(model, None, warm_config)
     vocab = model.config.vocab_size
     # top_k and top_p take the sampler's heaviest path (a sort over the vocabulary).
@@ -259,7 +260,11 @@ class LLM:
 
     def stats(self) -> dict[str, int]:
         """Pool and scheduler counters: num_blocks, num_free_blocks, num_preemptions,
-        prefix_cache_queries and prefix_cache_hits (in blocks)."""
+        num_waiting, num_running, and the prefix cache's since the engine started:
+        prefix_cache_queries and prefix_cache_hits (full blocks looked up at admission, and
+        found), prefix_cache_query_tokens and prefix_cache_hit_tokens (prompt tokens looked up,
+        all but the last of each prompt, and those whose K/V were reused: whole blocks only),
+        prefix_cache_evictions (cached blocks thrown away to make room)."""
         return self.engine.stats()
 
     @property

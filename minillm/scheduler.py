@@ -11,6 +11,15 @@ every step. A step has a token budget (max_num_batched_tokens) and a seat count 
   running decodes sit it out); otherwise it is a decode step.
 - "static" scheduling admits a batch only when the previous one has completely finished.
 
+Admission order (scheduling_policy): "fcfs" admits in arrival order. "lpm" (SGLang's
+longest-prefix-match) admits first the waiting requests with the longest cached prefix, so that
+requests sharing a prefix run while it is cached and fewer prefills are computed. Its risk is
+starvation: a request that shares nothing can be passed over for as long as others keep coming.
+So a request that LPM_MAX_OVERTAKES later arrivals have jumped goes first (FCFS among such
+requests), and past LPM_MAX_WAITING waiting requests the queue is served FCFS, because sorting
+it costs a prefix match per waiting request every step (SGLang's bound is 128 too). Preempted
+requests keep their place at the front under both policies.
+
 KV blocks are allocated a step at a time. When the pool runs dry, the newest running request is
 preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
 later from its prompt and the tokens it already produced.
@@ -18,6 +27,7 @@ later from its prompt and the tokens it already produced.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -27,6 +37,14 @@ from minillm.kv_cache import BlockManager
 from minillm.request import Request, RequestStatus
 
 Phase = Literal["prefill", "decode"]
+
+# LPM sorts at most this many waiting requests a step (one prefix match each); beyond, FCFS.
+LPM_MAX_WAITING = 128
+# A waiting request that this many later arrivals have overtaken is admitted in FCFS order.
+# Counting overtakes, not steps, bounds exactly the delay LPM adds: a request that waits because
+# the server is full is overtaken by nobody and loses nothing. 32 is a batch or two of a
+# typical server: the extra wait is a few batches' prefill at most.
+LPM_MAX_OVERTAKES = 32
 
 
 @dataclass(frozen=True)
@@ -60,9 +78,16 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.num_preemptions = 0
+        # For LPM: each waiting request's arrival number and how often it was overtaken, and
+        # the preempted requests, which keep their place at the front.
+        self._arrivals = itertools.count()
+        self._arrival: dict[Request, int] = {}
+        self._overtaken: dict[Request, int] = {}
+        self._resuming: set[Request] = set()
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
+        self._arrival[req] = next(self._arrivals)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -92,6 +117,12 @@ class Scheduler:
             self.waiting.remove(req)
         self.block_manager.free(req)
         req.status = RequestStatus.FINISHED
+        self._forget(req)
+
+    def _forget(self, req: Request) -> None:
+        self._arrival.pop(req, None)
+        self._overtaken.pop(req, None)
+        self._resuming.discard(req)
 
     def _prefill_chunk(self, num_left: int, budget: int, nothing_scheduled: bool) -> int:
         """Tokens of a prefill to run now: a chunk if chunking, else all or none (0).
@@ -138,9 +169,32 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         self.waiting.appendleft(req)
+        self._resuming.add(req)
         self.num_preemptions += 1
 
+    def _order_waiting(self) -> None:
+        """Under LPM, sort the queue: preempted requests first (in their order), then those
+        overtaken LPM_MAX_OVERTAKES times (by arrival), then the rest by longest cached prefix
+        (ties by arrival). Past LPM_MAX_WAITING requests: preempted first, then by arrival."""
+        if self.config.scheduling_policy != "lpm" or len(self.waiting) < 2:
+            return
+        match_prefixes = len(self.waiting) <= LPM_MAX_WAITING
+        match_prefix = self.block_manager.match_prefix
+
+        def key(item: tuple[int, Request]) -> tuple[int, int, int]:
+            index, req = item
+            if req in self._resuming:
+                return (0, index, 0)
+            arrival = self._arrival[req]
+            if not match_prefixes or self._overtaken.get(req, 0) >= LPM_MAX_OVERTAKES:
+                return (1, arrival, 0)
+            return (2, -len(match_prefix(req.token_ids).block_ids), arrival)
+
+        self.waiting = deque(req for _, req in sorted(enumerate(self.waiting), key=key))
+
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        if budget > 0 and len(self.running) < self.config.max_num_seqs:
+            self._order_waiting()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             match = self.block_manager.match_prefix(req.token_ids)
@@ -154,6 +208,7 @@ class Scheduler:
 
     def _admit_static_batch(self) -> None:
         """Seat a whole batch at once, each with blocks for its whole prompt."""
+        self._order_waiting()
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             match = self.block_manager.match_prefix(req.token_ids)
@@ -163,6 +218,12 @@ class Scheduler:
 
     def _start(self, req: Request, num_cached_tokens: int) -> None:
         self.waiting.popleft()
+        if self.config.scheduling_policy == "lpm" and len(self.waiting) <= LPM_MAX_WAITING:
+            arrival = self._arrival.get(req)  # None: a preempted request, which overtakes no one
+            for other in self.waiting if arrival is not None else ():
+                if other in self._arrival and self._arrival[other] < arrival:
+                    self._overtaken[other] = self._overtaken.get(other, 0) + 1
+        self._forget(req)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_cached_tokens
         req.num_prefill_tokens = req.num_tokens

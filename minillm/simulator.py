@@ -142,7 +142,7 @@ class Simulator:
         self.record_block_tables = record_block_tables
         self.step_time = step_time
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching, config.prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.clock = 0.0  # seconds since the start of the run
         self.trace: list[StepRecord] = []
@@ -217,6 +217,7 @@ class Simulator:
 
     def step(self) -> list[Request]:
         """One engine step on the virtual clock; returns the requests that finished in it."""
+        self.block_manager.step = len(self.trace)  # the prefix cache's LRU clock
         start, out = self.clock, self.scheduler.schedule()
         scheduled = out.scheduled
         if not scheduled:  # a step that only preempted, as Engine.step allows
@@ -249,6 +250,7 @@ class Simulator:
                 tables: dict[str, list[int]], finished: list[Request]) -> None:
         """The step's StepRecord, as Engine._record writes it (block data only if recorded)."""
         bm = self.block_manager
+        evicted = bm.take_evicted()  # taken every step, recorded or not, so it never piles up
         self.trace.append(StepRecord(
             step=len(self.trace), start=start, end=end,
             scheduled=[ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
@@ -256,7 +258,9 @@ class Simulator:
             num_free_blocks=bm.num_free_blocks, block_tables=tables,
             preempted=[r.request_id for r in out.preempted],
             finished=[r.request_id for r in finished],
-            cached_blocks=bm.cached_free_blocks() if self.record_block_tables else []))
+            cached_blocks=bm.cached_free_blocks() if self.record_block_tables else [],
+            prefix_cache=bm.snapshot(self.scheduler.running, evicted)
+            if self.record_block_tables and bm.enable_prefix_caching else None))
 
     def _append_token(self, req: Request, now: float) -> bool:
         """Append a fake token produced at now; True if req is done (finished and freed)."""
@@ -281,6 +285,9 @@ class Simulator:
             "num_preemptions": sched.num_preemptions,
             "prefix_cache_queries": bm.prefix_cache_queries,
             "prefix_cache_hits": bm.prefix_cache_hits,
+            "prefix_cache_query_tokens": bm.prefix_cache_query_tokens,
+            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
+            "prefix_cache_evictions": bm.prefix_cache_evictions,
             "num_waiting": len(sched.waiting),
             "num_running": len(sched.running),
         }

@@ -1,0 +1,254 @@
+"""The radix-tree prefix cache (SGLang's RadixAttention), over runs of whole KV blocks.
+
+Every cached prefix is a path from the root. A node holds a run of full blocks and the tokens in
+them (P tokens a block); a node's children start with different blocks, so one dict lookup on a
+block's tokens picks the next edge. The tree is compressed: a run grows in place while one
+request extends it alone, and splits at a block boundary when a match or an insert ends inside it.
+
+Reference counts say which nodes running requests hold. A request holds a whole path from the
+root (the blocks at the start of its block table), so a node's count is at least its children's,
+and a node nobody holds has a subtree nobody holds. Eviction takes the least recently used leaf
+that nobody holds, never an inner node: its children would become unreachable. Leaves become
+evictable one at a time, so a heap of them (stale entries skipped) finds the next victim in
+O(log n) and nothing ever scans the tree.
+
+The tree stores block ids only; minillm.kv_cache.BlockManager keeps the pool, the free list and
+the blocks' own reference counts, which equal their nodes' counts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from minillm.trace import CacheNode
+
+BlockKey = tuple[int, ...]  # the P token ids of one block: the key of the edge it starts
+
+
+@dataclass(eq=False)
+class RadixNode:
+    """A run of full blocks after its parent's; `end` counts the blocks from the root to its end."""
+
+    node_id: int
+    parent: RadixNode | None
+    token_ids: BlockKey  # P * len(block_ids) tokens
+    block_ids: list[int]
+    end: int
+    children: dict[BlockKey, RadixNode] = field(default_factory=dict)
+    ref_count: int = 0  # running requests whose path goes through this node
+    last_used: int = 0  # the engine step that last matched, inserted or released it
+    tick: int = 0  # the same, as a strict order within a step (LRU ties)
+    heap_entry: int = -1  # the id of its current entry in the eviction heap, if any
+    alive: bool = True
+
+    @property
+    def start(self) -> int:
+        """Blocks from the root to the start of this node."""
+        return self.end - len(self.block_ids)
+
+
+class RadixCache:
+    """A radix tree of cached KV blocks with per-node reference counts and LRU leaf eviction."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.root = RadixNode(node_id=-1, parent=None, token_ids=(), block_ids=[], end=0)
+        self.block_node: dict[int, RadixNode] = {}  # cached block id -> the node holding it
+        self.holders: dict[str, RadixNode] = {}  # request id -> the deepest node it holds
+        self._node_ids = itertools.count()
+        self._ticks = itertools.count(1)
+        self._entries = itertools.count()
+        self._heap: list[tuple[int, int, RadixNode]] = []  # (tick, entry id, leaf)
+
+    def is_cached(self, block_id: int) -> bool:
+        return block_id in self.block_node
+
+    # ---- match, acquire, insert, release -----------------------------------------------------
+
+    def match(self, token_ids: Sequence[int], max_blocks: int) -> list[int]:
+        """The cached blocks that hold the first tokens of token_ids, at most max_blocks of them.
+
+        Walks one edge per node and compares block by block, so it costs O(matched tokens); the
+        tree is left untouched (a match is only a question until BlockManager.allocate)."""
+        P, node, hits = self.block_size, self.root, []
+        while len(hits) < max_blocks:
+            i = len(hits)
+            child = node.children.get(tuple(token_ids[i * P:(i + 1) * P]))
+            if child is None:
+                break
+            k = self._num_equal_blocks(child, token_ids, i, max_blocks)
+            hits.extend(child.block_ids[:k])
+            if k < len(child.block_ids):
+                break
+            node = child
+        return hits
+
+    def acquire(self, request_id: str, block_ids: Sequence[int], step: int) -> None:
+        """Make request_id hold the matched path that ends with block_ids[-1] (its table's start).
+
+        A match that ends inside a node splits it, so that a request holds whole nodes."""
+        if request_id in self.holders:
+            raise ValueError(f"request {request_id!r} already holds a path in the radix tree; "
+                             "free it before admitting it again")
+        node = self.block_node[block_ids[-1]]
+        num_in_node = len(block_ids) - node.start
+        if num_in_node < len(node.block_ids):
+            node = self._split(node, num_in_node)
+        self.holders[request_id] = node
+        for n in self._path(node):
+            n.ref_count += 1
+            self._touch(n, step)
+
+    def insert(self, request_id: str, token_ids: Sequence[int], block_table: list[int],
+               num_full: int, step: int) -> list[tuple[int, int]]:
+        """Cache the request's first num_full blocks (full and computed) beyond the path it holds.
+
+        Returns (table index, tree block) pairs where the tree already held those tokens in
+        another block, for BlockManager to swap in: two copies of the same KV would waste a
+        block. The request then holds the path to its last full block."""
+        P = self.block_size
+        node = self.holders.get(request_id, self.root)
+        i, swaps = node.end, []
+        while i < num_full:  # walk down the edges that already hold the next blocks
+            child = node.children.get(tuple(token_ids[i * P:(i + 1) * P]))
+            if child is None:
+                break
+            k = self._num_equal_blocks(child, token_ids, i, num_full)
+            if k < len(child.block_ids):
+                child = self._split(child, k)
+            child.ref_count += 1
+            self._touch(child, step)
+            swaps.extend((i + j, b) for j, b in enumerate(child.block_ids))
+            node, i = child, i + k
+        if i < num_full:
+            new_blocks = block_table[i:num_full]
+            new_tokens = tuple(token_ids[i * P:num_full * P])
+            if node is not self.root and not node.children and node.ref_count == 1:
+                # Only this request holds the leaf: its run grows in place (stays compressed).
+                node.token_ids += new_tokens
+                node.block_ids.extend(new_blocks)
+                node.end = num_full
+            else:
+                child = RadixNode(next(self._node_ids), node, new_tokens, list(new_blocks),
+                                  end=num_full, ref_count=1)
+                node.children[new_tokens[:P]] = child
+                node = child
+            for b in new_blocks:
+                self.block_node[b] = node
+            self._touch(node, step)
+        if node is not self.root:
+            self.holders[request_id] = node
+        return swaps
+
+    def release(self, request_id: str, step: int) -> None:
+        """request_id no longer holds its path; the nodes nobody else holds become evictable."""
+        node = self.holders.pop(request_id, None)
+        for n in self._path(node) if node is not None else []:
+            n.ref_count -= 1
+            self._touch(n, step)  # a node is in use while held: its release is its last use
+            if n.ref_count == 0 and not n.children:
+                self._push(n)
+
+    # ---- eviction ----------------------------------------------------------------------------
+
+    def evict_leaf(self) -> list[int]:
+        """Drop the least recently used leaf nobody holds; return its blocks (now plain free).
+
+        Raises RuntimeError if there is none: the caller must only ask when a cached block is
+        free, and then a leaf of its unheld subtree is evictable."""
+        while self._heap:
+            _, entry, node = heapq.heappop(self._heap)
+            if entry != node.heap_entry or not self.is_evictable(node):
+                continue  # stale: the node was used, grew a child or went since it was pushed
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.token_ids[:self.block_size]]
+            for b in node.block_ids:
+                del self.block_node[b]
+            node.alive = False
+            if parent is not self.root and parent.ref_count == 0 and not parent.children:
+                self._push(parent)
+            return node.block_ids
+        raise RuntimeError("no radix-tree leaf can be evicted: every cached block is held")
+
+    def is_evictable(self, node: RadixNode) -> bool:
+        """A leaf that no running request holds."""
+        return node.alive and node is not self.root and node.ref_count == 0 and not node.children
+
+    # ---- what the widgets and tests read ------------------------------------------------------
+
+    def nodes(self) -> list[RadixNode]:
+        """Every node but the root, parents before children (depth first)."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def held_path(self, request_id: str) -> list[RadixNode]:
+        """The nodes request_id holds, from the root down."""
+        node = self.holders.get(request_id)
+        return [] if node is None else self._path(node)[::-1]
+
+    def cache_nodes(self) -> tuple[CacheNode, ...]:
+        """The tree as minillm.trace.CacheNode records, for StepRecord.prefix_cache."""
+        root = self.root
+        return tuple(CacheNode(n.node_id, None if n.parent is root or n.parent is None
+                               else n.parent.node_id, tuple(n.block_ids),
+                               len(n.token_ids), n.ref_count, n.last_used)
+                     for n in self.nodes())
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _path(self, node: RadixNode) -> list[RadixNode]:
+        """node and its ancestors up to (not including) the root, deepest first."""
+        path = []
+        while node is not self.root:
+            path.append(node)
+            assert node.parent is not None
+            node = node.parent
+        return path
+
+    def _num_equal_blocks(self, node: RadixNode, token_ids: Sequence[int], start: int,
+                          limit: int) -> int:
+        """How many of node's blocks equal token_ids' blocks from block start on (limit: the
+        last block index + 1 to compare). The first one is known equal: it is the edge's key."""
+        P, k = self.block_size, 1
+        while k < len(node.block_ids) and start + k < limit and (
+                node.token_ids[k * P:(k + 1) * P]
+                == tuple(token_ids[(start + k) * P:(start + k + 1) * P])):
+            k += 1
+        return k
+
+    def _touch(self, node: RadixNode, step: int) -> None:
+        node.last_used, node.tick = step, next(self._ticks)
+
+    def _push(self, node: RadixNode) -> None:
+        node.heap_entry = next(self._entries)
+        heapq.heappush(self._heap, (node.tick, node.heap_entry, node))
+        if len(self._heap) > 2 * len(self.block_node) + 64:
+            # Drop stale entries now and then: the heap stays O(cached blocks), at O(1) per push.
+            self._heap = [e for e in self._heap if e[1] == e[2].heap_entry and e[2].alive]
+            heapq.heapify(self._heap)
+
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
+        """Cut node after its first k blocks; return the upper part, which keeps node_id.
+
+        Whoever held node holds both parts, so both keep its count; the lower part keeps the
+        object (requests' holders and heap entries point at it) and takes a new id."""
+        P, parent = self.block_size, node.parent
+        assert parent is not None and 0 < k < len(node.block_ids)
+        upper = RadixNode(node.node_id, parent, node.token_ids[:k * P], node.block_ids[:k],
+                          end=node.start + k, ref_count=node.ref_count,
+                          last_used=node.last_used, tick=node.tick)
+        parent.children[upper.token_ids[:P]] = upper
+        node.node_id, node.parent = next(self._node_ids), upper
+        node.token_ids, node.block_ids = node.token_ids[k * P:], node.block_ids[k:]
+        upper.children[node.token_ids[:P]] = node
+        for b in upper.block_ids:
+            self.block_node[b] = upper
+        return upper
