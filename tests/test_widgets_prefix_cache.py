@@ -144,6 +144,18 @@ def test_evicted_blocks_appear_with_the_node_that_held_them() -> None:
                                      parse(PrefixCacheView([record(0, before)]).to_svg()).iter())
 
 
+def test_many_evicted_blocks_wrap_and_the_rest_are_named() -> None:
+    snap = PrefixCacheSnapshot("hash", tuple(chain(0, None, 2, 0, 1)), {},
+                               evicted=tuple(range(100, 160)))
+    root = parse(PrefixCacheView([record(0, snap)]).to_svg())
+    ghosts = [box(r) for r in root.iter(NS + "rect") if r.get("class") == "evicted"]
+    assert len(ghosts) == pc.MAX_GHOSTS
+    assert max(x + w for x, _, w, _ in ghosts) <= float(root.get("width"))
+    assert max(y + h for _, y, _, h in ghosts) <= float(root.get("height"))
+    assert "+12 more" in shown(root)
+    assert f"evicted: blocks {', '.join(map(str, range(100, 160)))}" in shown(root)
+
+
 def test_step_selects_the_snapshot_and_the_slider_replays() -> None:
     trace = [record(0, radix_snapshot()), record(1, hash_snapshot()), record(2, None)]
     view = PrefixCacheView(trace)

@@ -29,7 +29,7 @@ COL_W, ROW_H = BOX_W + 40, BOX_H + 22  # px per tree depth and per leaf row
 ROOT_W, TOP = 40, 58  # the root marker's width; the y of the first row
 LABEL_CHARS = 28  # characters of a 9 px label that fit in a box
 MAX_CHILDREN, MAX_ROWS = 16, 40
-MAX_GHOSTS = 48  # evicted blocks drawn in the strip; the rest are counted
+GHOSTS_PER_ROW, MAX_GHOSTS = 24, 48  # evicted blocks drawn in the strip; the rest counted
 RECENCY = ("#E3F1FA", "#BFE0F4", "#8FC8EC", "#5AA9DD")  # hatch colours, least to most recent
 NO_DATA = ("no prefix-cache data in this step: run with enable_prefix_caching=True and block "
            "data traced")
@@ -118,7 +118,7 @@ def layout(roots: list[Box]) -> list[Box]:
         nonlocal next_row
         shown = boxes
         if len(boxes) > MAX_CHILDREN:  # keep the held and most recently used branches
-            ranked = sorted(boxes, key=lambda b: (not b.holders, -b.last_used))
+            ranked = sorted(boxes, key=lambda b: (not b.nodes[0].ref_count, -b.last_used))
             kept = {id(b) for b in ranked[:MAX_CHILDREN - 1]}
             shown = [b for b in boxes if id(b) in kept]
         placed = []
@@ -226,7 +226,7 @@ class PrefixCacheView(TraceView):
         y = tree_h + 8
         if snap.evicted:
             body.append(self._evicted_svg(snap.evicted, y))
-            y += 44
+            y += 24 + 24 * -(-min(len(snap.evicted), MAX_GHOSTS) // GHOSTS_PER_ROW)
         body.append(self._legend_svg(y + 12))
         width = max(ROOT_W + 24 + cols * COL_W, 6 * len(caption), 640)
         return s.svg(width, y + 44, "".join(body), title=title)
@@ -257,42 +257,42 @@ class PrefixCacheView(TraceView):
 
     def _box_svg(self, box: Box, design: str, levels: dict[int, int]) -> str:
         x, y = self._corner(box)
-        if not box.nodes:
-            n_branches = len({n.node_id for n in box.hidden if n.parent not in
-                              {m.node_id for m in box.hidden}})
-            hover = (f"not drawn: nodes {ids([n.node_id for n in box.hidden])}; blocks "
-                     f"{ids(box.blocks)}")
-            return (s.rect(x, y, BOX_W, BOX_H, s.ROLE["waiting"], title=hover, class_="node more",
-                           stroke=s.ROLE["grid"], stroke_dasharray="3 2")
-                    + s.text(x + 6, y + 12, f"+{n_branches} more branches", size=9)
-                    + s.text(x + 6, y + 24, f"{len(box.hidden)} nodes, {len(box.blocks)} blocks",
-                             size=9))
-        ref, first = box.nodes[0].ref_count, box.nodes[0]
-        tokens = sum(n.num_tokens for n in box.nodes)
-        if ref > 0:
-            fill = self.colors.get(box.holders[0] if box.holders else "", s.ROLE["grid"])
-            who = ids(box.holders) or "requests the snapshot does not name"
-            state = f"held by {who} (ref count {ref})"
+        if not box.nodes:  # the branches left out
+            tops = [n for n in box.hidden if n.parent not in {m.node_id for m in box.hidden}]
+            hover = (f"not drawn: nodes {ids([n.node_id for n in box.hidden])}; "
+                     f"blocks {ids(box.blocks)}")
+            label = (f"+{len(tops)} more branches",
+                     f"{len(box.hidden)} nodes, {len(box.blocks)} blocks")
+            fill, ink = s.ROLE["waiting"], {}
+            attrs = {"stroke": s.ROLE["grid"], "stroke_dasharray": "3 2", "class_": "node more"}
         else:
-            fill = f"url(#minillm-lru-{levels[box.last_used]})"
+            ref, tokens = box.nodes[0].ref_count, sum(n.num_tokens for n in box.nodes)
             uses = sorted({n.last_used for n in box.nodes})
-            state = ("ref count 0, evictable; last used at step "
-                     + (f"{uses[0]}" if len(uses) == 1 else f"{uses[0]}–{uses[-1]}"))
-        name = (f"node {first.node_id}" if len(box.nodes) == 1 else
-                f"nodes {ids([n.node_id for n in box.nodes])} ({len(box.nodes)} {design} nodes, "
-                "each the only child of the one before)")
-        hover = f"{name}: blocks {ids(box.blocks)}; {tokens} tokens; {state}"
-        stroke = ({"stroke": s.ROLE["shared"], "stroke_width": 2.5} if ref > 1
-                  else {"stroke": s.ROLE["text"], "stroke_width": 1})
-        ink = {"fill": s.text_color_on(fill)} if ref > 0 else {
-            "stroke": s.ROLE["background"], "stroke_width": 2.5, "paint_order": "stroke"}
-        what = f"node {first.node_id}" if len(box.nodes) == 1 else f"{len(box.nodes)} nodes"
-        line2 = f"{tokens} tok · {what}" + (f" · ×{ref}" if ref > 1 else "")
-        out = [s.rect(x, y, BOX_W, BOX_H, fill, title=hover, rx=3,
-                      class_="node held" if ref > 0 else "node evictable", **stroke),
-               s.text(x + 6, y + 12, block_label(box.blocks), size=9, pointer_events="none", **ink),
-               s.text(x + 6, y + 25, line2, size=9, pointer_events="none", **ink)]
-        return "".join(out) + self._tags_svg(box.holders, x, y + BOX_H + 3)
+            if ref > 0:
+                fill = self.colors.get(box.holders[0] if box.holders else "", s.ROLE["grid"])
+                state = f"held by {ids(box.holders) or 'requests not named'} (ref count {ref})"
+                ink = {"fill": s.text_color_on(fill)}
+            else:  # a white halo keeps the text readable on the hatch
+                fill = f"url(#minillm-lru-{levels[box.last_used]})"
+                state = f"ref count 0, evictable; last used at step {uses[0]}" + (
+                    f"–{uses[-1]}" if len(uses) > 1 else "")
+                ink = {"stroke": s.ROLE["background"], "stroke_width": 2.5,
+                       "paint_order": "stroke"}
+            node_ids = [n.node_id for n in box.nodes]
+            name = (f"node {node_ids[0]}" if len(node_ids) == 1 else
+                    f"nodes {ids(node_ids)} ({len(node_ids)} {design} nodes, each the only "
+                    "child of the one before)")
+            hover = f"{name}: blocks {ids(box.blocks)}; {tokens} tokens; {state}"
+            what = f"node {node_ids[0]}" if len(node_ids) == 1 else f"{len(node_ids)} nodes"
+            label = (block_label(box.blocks),
+                     f"{tokens} tok · {what}" + (f" · ×{ref}" if ref > 1 else ""))
+            attrs = {"stroke": s.ROLE["shared"] if ref > 1 else s.ROLE["text"],
+                     "stroke_width": 2.5 if ref > 1 else 1,
+                     "class_": "node held" if ref > 0 else "node evictable"}
+        return (s.rect(x, y, BOX_W, BOX_H, fill, title=hover, rx=3, **attrs)
+                + "".join(s.text(x + 6, y + 12 + 13 * i, line, size=9, pointer_events="none",
+                                 **ink) for i, line in enumerate(label))
+                + self._tags_svg(box.holders, x, y + BOX_H + 3))
 
     def _tags_svg(self, holders: list[str], x: float, y: float) -> str:
         """A colour swatch and the id of each holder, in a row under a box."""
@@ -315,10 +315,11 @@ class PrefixCacheView(TraceView):
         before = next((self.trace[i].prefix_cache for i in range(self.step - 1, -1, -1)
                        if self.trace[i].prefix_cache is not None), None)
         was = {b: n for n in (before.nodes if before else ()) for b in n.block_ids}
-        out = [s.text(0, y + 10, f"evicted in this step ({len(evicted)} blocks, their cached KV "
-                                 "thrown away to make room):", font_weight="bold")]
+        count = "1 block" if len(evicted) == 1 else f"{len(evicted)} blocks"
+        out = [s.text(0, y + 10, f"evicted in this step ({count}, cached KV thrown away to make "
+                                 "room):", font_weight="bold")]
         for i, b in enumerate(evicted[:MAX_GHOSTS]):
-            gx, gy = i * 24, y + 16
+            gx, gy = i % GHOSTS_PER_ROW * 24, y + 16 + i // GHOSTS_PER_ROW * 24
             node = was.get(b)
             hover = f"block {b}: evicted in this step" + (
                 f" (it was in node {node.node_id}, child of node {node.parent})" if node else "")
@@ -328,12 +329,12 @@ class PrefixCacheView(TraceView):
             out.append(s.text(gx + 12, gy + 14, b, size=8, anchor="middle",
                               pointer_events="none"))
         if len(evicted) > MAX_GHOSTS:
-            out.append(s.text(MAX_GHOSTS * 24 + 4, y + 30, f"+{len(evicted) - MAX_GHOSTS} more",
-                              title=f"evicted: blocks {ids(evicted)}"))
+            more = s.text(GHOSTS_PER_ROW * 24 + 4, y + 54, f"+{len(evicted) - MAX_GHOSTS} more")
+            out.append(s.group(s.title_el(f"evicted: blocks {ids(evicted)}") + more))
         return "".join(out)
 
     def _legend_svg(self, y: float) -> str:
-        held = [(s.owner_color(0), "held (colour = request)"),
+        held = [(s.owner_color(0), "held (colour = request; tags: the requests holding it)"),
                 (s.owner_color(1), "shared (ref count > 1)",
                  {"stroke": s.ROLE["shared"], "stroke_width": 2.5})]
         cached = [(f"url(#minillm-lru-{len(RECENCY) - 1})", "ref 0, used recently"),
