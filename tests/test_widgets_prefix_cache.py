@@ -249,3 +249,40 @@ def test_any_cache_is_drawn_without_overlaps_and_names_every_node(
     assert_no_overlap(root)
     assert named(hovers(root), "nodes?") == [n.node_id for n in snap.nodes]
     assert named(hovers(root), "blocks") == [b for n in snap.nodes for b in n.block_ids]
+
+
+@pytest.fixture(scope="module", params=["hash", "radix"])
+def engine_trace(request: pytest.FixtureRequest) -> list[StepRecord]:
+    """A real run on the shipped model: four prompts share a 3-block story opening, in a pool
+    of 12 blocks small enough that requests are preempted and cached blocks evicted."""
+    from minillm import LLM, SamplingParams
+
+    llm = LLM(num_kv_blocks=12, block_size=16, enable_prefix_caching=True,
+              prefix_caching=request.param, max_num_batched_tokens=64, device="cpu")
+    system = "Once upon a time there was a little house by the sea. " * 3
+    llm.generate([system + p for p in ("The king", "A cat", "The old man", "She said")],
+                 SamplingParams(max_tokens=24))
+    assert llm.stats()["prefix_cache_hits"] > 0
+    return llm.trace
+
+
+def test_an_engine_trace_replays_every_step(engine_trace: list[StepRecord]) -> None:
+    view = PrefixCacheView(engine_trace)
+    held_somewhere = False
+    for i, rec in enumerate(engine_trace):
+        view.step = i
+        snap = rec.prefix_cache
+        assert snap is not None  # the engine records the cache at every traced step
+        root = parse(view.to_svg())
+        assert_no_overlap(root)
+        assert named(hovers(root), "nodes?") == sorted(n.node_id for n in snap.nodes)
+        assert named(hovers(root), "blocks") == sorted(b for n in snap.nodes for b in n.block_ids)
+        tags = {r.findtext(NS + "title") for r in root.iter(NS + "rect")
+                if r.get("class") == "holder"}
+        holding = {rid for rid, nodes in snap.holders.items() if nodes}
+        assert {f"held by request {rid}" for rid in holding} <= tags
+        held_somewhere |= bool(holding)
+        ghosts = [r.findtext(NS + "title") for r in root.iter(NS + "rect")
+                  if r.get("class") == "evicted"]
+        assert [g.split(":")[0] for g in ghosts] == [f"block {b}" for b in snap.evicted]
+    assert held_somewhere
