@@ -1,0 +1,310 @@
+"""A fleet in the simulator: N replicas behind a router, on one shared virtual clock.
+
+Each replica is a minillm.simulator.Simulator, the engine's own Scheduler and BlockManager with
+its own KV pool (prefix caching on), timed by the roofline model. The fleet interleaves them by
+virtual time: of the pending arrival and the replicas' next steps, the earliest goes first (an
+arrival before a step that starts at the same instant, as one simulator admits it; ties between
+replicas go to the lower index). An arrival is routed when the clock reaches it, to the replica
+the router picks, and joins that replica's queue at its next step boundary.
+
+A step is applied when it starts, so the router sees a replica as it will stand after its step
+in flight (the blocks it is computing count as cached, its finishing requests as gone): a
+lookahead of at most one step, and the same optimism as SGLang's router, which records a prompt
+in its tree of each worker's cache when it sends it, before the worker has computed anything.
+
+Routers: "round_robin" cycles through the replicas, blind to the cache; "prefix_aware" sends a
+request to the replica whose cache holds the longest prefix of it unless that would overload
+it (see PrefixAwareRouter); or any callable router(spec, replicas) -> replica index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from minillm import models, roofline
+from minillm.config import EngineConfig
+from minillm.metrics import Summary, summarize
+from minillm.model_config import ModelConfig
+from minillm.prefix_workload import TokenRequestSpec
+from minillm.request import Request, RequestOutput
+from minillm.simulator import Simulator, StepTimer, resolve_config
+from minillm.trace import StepRecord
+from minillm.workload import RequestSpec, Workload
+
+
+class ReplicaView:
+    """What a router sees of one replica when a request arrives (live: read it, never change it).
+
+    index: the replica's position in the fleet. load: requests queued plus running.
+    num_free_blocks: KV blocks nobody holds; num_empty_blocks: those that cache nothing either.
+    cached_prefix_len(request): tokens at the start of the request whose K/V the replica's
+    prefix cache holds, in whole blocks (BlockManager.match_prefix, which changes nothing).
+    """
+
+    def __init__(self, index: int, sim: Simulator):
+        self.index = index
+        self._sim = sim
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._sim.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._sim.scheduler.running)
+
+    @property
+    def load(self) -> int:
+        return self.num_waiting + self.num_running
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._sim.block_manager.num_free_blocks
+
+    @property
+    def num_empty_blocks(self) -> int:
+        """Free blocks that hold no cached prefix: room to cache a new one without evicting."""
+        bm = self._sim.block_manager
+        return bm.num_free_blocks - bm.num_cached_free_blocks
+
+    def cached_prefix_len(self, request: RequestSpec | Sequence[int]) -> int:
+        """Tokens of request's prompt (a spec or its token ids) this replica's cache holds."""
+        ids = (request.token_ids(self._sim.model.vocab_size)
+               if isinstance(request, RequestSpec) else request)
+        bm = self._sim.block_manager
+        return len(bm.match_prefix(ids).block_ids) * bm.block_size
+
+    def __repr__(self) -> str:
+        return f"ReplicaView({self.index}, load={self.load}, free blocks={self.num_free_blocks})"
+
+
+Router = Callable[[RequestSpec, Sequence[ReplicaView]], int]
+RoutingName = Literal["round_robin", "prefix_aware"]
+
+
+class RoundRobinRouter:
+    """Replica 0, 1, ..., N - 1, 0, ...: even spread, blind to the cache."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __call__(self, spec: RequestSpec, replicas: Sequence[ReplicaView]) -> int:
+        choice, self.next = self.next, (self.next + 1) % len(replicas)
+        return choice
+
+
+@dataclass(frozen=True)
+class PrefixAwareRouter:
+    """The longest cached prefix among the replicas that are not overloaded.
+
+    A replica is eligible if its load is at most load_bound requests above the least loaded
+    replica's. If an eligible replica holds a prefix of the request, the one holding the longest
+    wins (then the less loaded, then the lower index). If none does, the request starts a new
+    prefix somewhere: the eligible replica with the most empty blocks wins (then the less
+    loaded, then the lower index), which is SGLang's "smallest tree" rule: it spreads new
+    prefixes over the fleet instead of stacking them on whichever replica is idle first.
+    The least loaded replica is always eligible, so a hot prefix spills onto it once its holder
+    runs load_bound ahead. SGLang's router applies the same kind of bound
+    (balance_abs_threshold, 32 requests by default): without it, a popular system prompt would
+    queue all its traffic on one replica while the others idle.
+    """
+
+    load_bound: float = 8
+
+    def __post_init__(self) -> None:
+        b = self.load_bound
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not b >= 0:
+            raise ValueError(f"load_bound must be a number of requests >= 0 (inf: no bound), "
+                             f"got {b!r}")
+
+    def __call__(self, spec: RequestSpec, replicas: Sequence[ReplicaView]) -> int:
+        least = min(r.load for r in replicas)
+        eligible = [r for r in replicas if r.load - least <= self.load_bound]
+        matched = {r.index: r.cached_prefix_len(spec) for r in eligible}
+        if max(matched.values()) > 0:
+            best = max(eligible, key=lambda r: (matched[r.index], -r.load, -r.index))
+        else:
+            best = max(eligible, key=lambda r: (r.num_empty_blocks, -r.load, -r.index))
+        return best.index
+
+
+def make_router(routing: RoutingName | Router, load_bound: float) -> Router:
+    """The router a routing argument names, or the callable itself."""
+    if routing == "round_robin":
+        return RoundRobinRouter()
+    if routing == "prefix_aware":
+        return PrefixAwareRouter(load_bound)
+    if callable(routing):
+        return routing
+    raise ValueError(f"routing must be 'round_robin', 'prefix_aware' or a callable "
+                     f"(spec, replicas) -> replica index, got {routing!r}")
+
+
+@dataclass(frozen=True)
+class ReplicaResult:
+    """One replica's share of a fleet run: its requests (in workload order), counters, steps."""
+
+    index: int
+    outputs: list[RequestOutput]
+    stats: dict[str, int]
+    trace: list[StepRecord]
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.outputs)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prefix-cache hits / queried full blocks (nan if nothing was queried)."""
+        return _ratio(self.stats["prefix_cache_hits"], self.stats["prefix_cache_queries"])
+
+    def summary(self, slo: dict[str, float] | None = None) -> Summary | None:
+        """Latency and throughput over this replica's requests; None if it served none."""
+        return summarize((o.metrics for o in self.outputs), slo) if self.outputs else None
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    """A fleet run: outputs in workload order, which replica served each, and each replica's
+    results; times on the virtual clock (s), wall_time on this machine (s)."""
+
+    outputs: list[RequestOutput]
+    assignment: list[int]
+    replicas: list[ReplicaResult]
+    routing: str
+    config: EngineConfig
+    model: ModelConfig
+    hardware: roofline.Hardware
+    wall_time: float
+
+    @property
+    def hit_rate(self) -> float:
+        """Prefix-cache hits / queried blocks over the whole fleet."""
+        return _ratio(sum(r.stats["prefix_cache_hits"] for r in self.replicas),
+                      sum(r.stats["prefix_cache_queries"] for r in self.replicas))
+
+    def summary(self, slo: dict[str, float] | None = None) -> Summary:
+        """minillm.metrics.summarize over every request of the fleet."""
+        return summarize((o.metrics for o in self.outputs), slo)
+
+    def table(self) -> str:
+        """Per replica and overall: requests, hit rate, TTFT p50/p99 (ms), output tokens/s."""
+        lines = [f"{self.routing}: {'replica':>8} {'requests':>9} {'hit rate':>9} "
+                 f"{'TTFT p50':>9} {'TTFT p99':>9} {'tok/s':>9}"]
+        rows = [(str(r.index), r.num_requests, r.hit_rate, r.summary()) for r in self.replicas]
+        rows.append(("all", len(self.outputs), self.hit_rate, self.summary()))
+        for name, n, hit, s in rows:
+            ttft = (s.ttft.p50 * 1e3, s.ttft.p99 * 1e3) if s else (math.nan, math.nan)
+            lines.append(f"{'':{len(self.routing) + 1}} {name:>8} {n:>9} {hit:>9.1%} "
+                         f"{ttft[0]:>9.1f} {ttft[1]:>9.1f} "
+                         f"{s.output_throughput if s else math.nan:>9.0f}")
+        return "\n".join(lines)
+
+
+def _ratio(hits: int, queries: int) -> float:
+    return hits / queries if queries else math.nan
+
+
+def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
+                   workload: Workload | Sequence[RequestSpec], *, num_replicas: int = 4,
+                   routing: RoutingName | Router = "round_robin", load_bound: float = 8,
+                   dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
+                   overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
+                   gpu_memory_utilization: float = 0.9, record_block_tables: bool = False,
+                   step_time: StepTimer = roofline.step_time,
+                   **engine_kwargs: Any) -> FleetResult:
+    """Serve workload on num_replicas simulated replicas of model on hw behind a router.
+
+    routing: "round_robin", "prefix_aware" (PrefixAwareRouter(load_bound)) or a callable
+    router(spec, replicas) -> index into replicas, called once per request at its arrival with
+    the spec (its ids in spec.prompt_ids) and one ReplicaView per replica; routing is a pure
+    function of the workload and the router, so the same arguments route the same way.
+    load_bound: requests a replica may carry beyond the least loaded and still be picked for
+    its cache (prefix_aware only). engine_kwargs: EngineConfig's, for every replica; prefix
+    caching is on unless enable_prefix_caching=False is passed. The pool, dtype_bytes, the
+    overhead keywords, gpu_memory_utilization, record_block_tables and step_time are as in simulate.
+    A closed-loop workload keeps workload.concurrency requests in flight across the fleet.
+    """
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be an integer >= 1, got {num_replicas!r}")
+    router = make_router(routing, load_bound)
+    mc, hardware = models.as_config(model), roofline.get_hardware(hw)
+    engine_kwargs.setdefault("enable_prefix_caching", True)
+    config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs)
+    overheads = (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair)
+    sims = [Simulator(mc, hardware, config, dtype_bytes, overheads, record_block_tables,
+                      step_time) for _ in range(num_replicas)]
+    for i, spec in enumerate(workload):
+        sims[0].check_fits(i, spec)
+    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
+    gc.disable()  # as in simulate: many small objects and no cycles
+    try:
+        requests, assignment = Fleet(sims, router).run(workload)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    outputs = [RequestOutput.of(r) for r in requests]
+    replicas = [ReplicaResult(k, [o for o, a in zip(outputs, assignment) if a == k],
+                              sim.stats(), sim.trace) for k, sim in enumerate(sims)]
+    name = routing if isinstance(routing, str) else getattr(routing, "__name__", "custom")
+    return FleetResult(outputs, assignment, replicas, name, config, mc, hardware,
+                       wall_time=time.perf_counter() - start)
+
+
+class Fleet:
+    """Simulators stepped in order of virtual time, with arrivals routed as the clock meets them."""
+
+    def __init__(self, sims: list[Simulator], router: Router):
+        self.sims, self.router = sims, router
+        self.views = [ReplicaView(k, sim) for k, sim in enumerate(sims)]
+
+    def run(self, workload: Sequence[RequestSpec]) -> tuple[list[Request], list[int]]:
+        """Serve every request; returns the Requests and their replicas, in workload order."""
+        concurrency = getattr(workload, "concurrency", None)  # a plain list is an open loop
+        first = len(workload) if concurrency is None else min(concurrency, len(workload))
+        # (arrival time, workload index): a closed loop's next request arrives at a finish
+        pending = [(0.0 if concurrency else workload[i].arrival_time, i) for i in range(first)]
+        heapq.heapify(pending)
+        issued = first
+        requests: list[Request | None] = [None] * len(workload)
+        assignment = [-1] * len(workload)
+        while pending or any(s.scheduler.has_unfinished_requests() for s in self.sims):
+            busy = [s for s in self.sims if s.scheduler.has_unfinished_requests()]
+            sim = min(busy, key=lambda s: s.clock) if busy else None  # min keeps the lower index
+            if pending and (sim is None or pending[0][0] <= sim.clock):
+                arrival, i = heapq.heappop(pending)
+                assignment[i], requests[i] = self.route(i, workload[i], arrival)
+                continue
+            assert sim is not None
+            for _ in sim.step():
+                if concurrency is not None and issued < len(workload):
+                    heapq.heappush(pending, (sim.clock, issued))
+                    issued += 1
+        for sim in self.sims:
+            bm = sim.block_manager
+            if bm.num_free_blocks != bm.num_blocks:
+                raise RuntimeError(f"a KV block was lost on a replica: {sim.stats()}")
+        return requests, assignment  # type: ignore[return-value]
+
+    def route(self, index: int, spec: RequestSpec, arrival: float) -> tuple[int, Request]:
+        """Ask the router for a replica at arrival and queue the request there."""
+        vocab = self.sims[0].model.vocab_size
+        if not isinstance(spec, TokenRequestSpec):  # draw the ids once, for router and replica
+            fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(RequestSpec)}
+            spec = TokenRequestSpec(**fields, prompt_ids=tuple(spec.token_ids(vocab)))
+        choice = self.router(spec, self.views)
+        if isinstance(choice, bool) or not isinstance(choice, int) or \
+                not 0 <= choice < len(self.sims):
+            raise ValueError(f"the router sent request {index} to replica {choice!r}; it must "
+                             f"return an index in range({len(self.sims)})")
+        sim = self.sims[choice]
+        if not sim.scheduler.has_unfinished_requests():  # idle: its clock waits for this one
+            sim.clock = max(sim.clock, arrival)
+        return choice, sim.add_request(index, spec, arrival)
