@@ -1,17 +1,10 @@
-"""PrefixCacheView: the prefix cache at one engine step, replayed from a trace.
+"""PrefixCacheView: the prefix cache at one engine step (StepRecord.prefix_cache), as a tree.
 
-A step's PrefixCacheSnapshot (StepRecord.prefix_cache) lists every cached node with its parent,
-blocks, tokens, reference count and last use, which running requests hold which nodes, and the
-blocks the step evicted. The view draws the nodes as a tree, root at the left and one column
-per depth. A node held by running requests is filled with its (first) holder's colour, as in
-BlockTableView, and tagged with every holder; a node no request holds (ref count 0, evictable)
-is hatched, paler the longer ago it was last used. The blocks evicted in the step are crossed
-out in a strip under the tree.
-
-A hash chain keeps one node per block, so a 1,024-token system prompt is a chain of 64 nodes:
-an unbranched run of nodes with the same holders is drawn as one box that lists its blocks (the
-run a radix tree would store as one node). At most MAX_CHILDREN branches of a node, and about
-MAX_ROWS rows in all, are drawn; the rest share one grey box whose hover text names them.
+The root is at the left, one column per depth. A hash chain keeps one node per block (a
+1,024-token system prompt is a chain of 64 nodes), so an unbranched run of nodes in the same
+state is drawn as one box that lists its blocks: the run a radix tree stores as one node. At
+most MAX_CHILDREN branches of a node, and about MAX_ROWS rows in all, are drawn; the rest share
+one grey box whose hover text names them.
 """
 
 from __future__ import annotations
@@ -172,11 +165,11 @@ def ids(values: Sequence[object]) -> str:
 class PrefixCacheView(TraceView):
     """The prefix cache at trace[step] as a tree of cached blocks, coloured by who holds them.
 
-    trace: StepRecords from an engine with enable_prefix_caching=True and block data traced
-    (llm.trace); step: which record (default the last that carries a snapshot). Held nodes
-    take their first holder's colour (as in BlockTableView) and list every holder under the box,
-    shared ones (ref count > 1) have a thick black outline; evictable nodes are hatched, paler
-    the longer ago they were used; blocks evicted in the step are crossed out under the tree.
+    trace: StepRecords of an engine run with enable_prefix_caching=True and block data traced
+    (llm.trace); step: which record (default the last with a snapshot). A node held by running
+    requests takes its first holder's colour (as in BlockTableView) and lists every holder under
+    it, a thick outline when shared (ref count > 1); an evictable node (ref count 0) is hatched,
+    paler the longer ago it was used; the blocks the step evicted are crossed out under the tree.
     """
 
     def __init__(self, trace: Sequence[StepRecord], step: int | None = None):
@@ -256,43 +249,46 @@ class PrefixCacheView(TraceView):
         return ROOT_W + 24 + box.depth * COL_W, TOP + box.row * ROW_H
 
     def _box_svg(self, box: Box, design: str, levels: dict[int, int]) -> str:
+        """A run of nodes: its fill tells who holds it, its two lines its blocks and tokens."""
+        if not box.nodes:
+            return self._more_svg(box)
+        ref, tokens = box.nodes[0].ref_count, sum(n.num_tokens for n in box.nodes)
+        node_ids, uses = [n.node_id for n in box.nodes], sorted({n.last_used for n in box.nodes})
+        if ref > 0:
+            fill = self.colors.get(box.holders[0] if box.holders else "", s.ROLE["grid"])
+            state = f"held by {ids(box.holders) or 'requests not named'} (ref count {ref})"
+            ink = {"fill": s.text_color_on(fill)}
+        else:  # a white halo keeps the text readable on the hatch
+            fill = f"url(#minillm-lru-{levels[box.last_used]})"
+            state = f"ref count 0, evictable; last used at step {uses[0]}" + (
+                f"–{uses[-1]}" if len(uses) > 1 else "")
+            ink = {"stroke": s.ROLE["background"], "stroke_width": 2.5, "paint_order": "stroke"}
+        one = len(node_ids) == 1
+        name = f"node {node_ids[0]}" if one else (
+            f"nodes {ids(node_ids)} ({len(node_ids)} {design} nodes, each the only child of the "
+            "one before)")
+        line2 = (f"{tokens} tok · " + (f"node {node_ids[0]}" if one else f"{len(node_ids)} nodes")
+                 + (f" · ×{ref}" if ref > 1 else ""))
         x, y = self._corner(box)
-        if not box.nodes:  # the branches left out
-            tops = [n for n in box.hidden if n.parent not in {m.node_id for m in box.hidden}]
-            hover = (f"not drawn: nodes {ids([n.node_id for n in box.hidden])}; "
-                     f"blocks {ids(box.blocks)}")
-            label = (f"+{len(tops)} more branches",
-                     f"{len(box.hidden)} nodes, {len(box.blocks)} blocks")
-            fill, ink = s.ROLE["waiting"], {}
-            attrs = {"stroke": s.ROLE["grid"], "stroke_dasharray": "3 2", "class_": "node more"}
-        else:
-            ref, tokens = box.nodes[0].ref_count, sum(n.num_tokens for n in box.nodes)
-            uses = sorted({n.last_used for n in box.nodes})
-            if ref > 0:
-                fill = self.colors.get(box.holders[0] if box.holders else "", s.ROLE["grid"])
-                state = f"held by {ids(box.holders) or 'requests not named'} (ref count {ref})"
-                ink = {"fill": s.text_color_on(fill)}
-            else:  # a white halo keeps the text readable on the hatch
-                fill = f"url(#minillm-lru-{levels[box.last_used]})"
-                state = f"ref count 0, evictable; last used at step {uses[0]}" + (
-                    f"–{uses[-1]}" if len(uses) > 1 else "")
-                ink = {"stroke": s.ROLE["background"], "stroke_width": 2.5,
-                       "paint_order": "stroke"}
-            node_ids = [n.node_id for n in box.nodes]
-            name = (f"node {node_ids[0]}" if len(node_ids) == 1 else
-                    f"nodes {ids(node_ids)} ({len(node_ids)} {design} nodes, each the only "
-                    "child of the one before)")
-            hover = f"{name}: blocks {ids(box.blocks)}; {tokens} tokens; {state}"
-            what = f"node {node_ids[0]}" if len(node_ids) == 1 else f"{len(node_ids)} nodes"
-            label = (block_label(box.blocks),
-                     f"{tokens} tok · {what}" + (f" · ×{ref}" if ref > 1 else ""))
-            attrs = {"stroke": s.ROLE["shared"] if ref > 1 else s.ROLE["text"],
-                     "stroke_width": 2.5 if ref > 1 else 1,
-                     "class_": "node held" if ref > 0 else "node evictable"}
-        return (s.rect(x, y, BOX_W, BOX_H, fill, title=hover, rx=3, **attrs)
-                + "".join(s.text(x + 6, y + 12 + 13 * i, line, size=9, pointer_events="none",
-                                 **ink) for i, line in enumerate(label))
-                + self._tags_svg(box.holders, x, y + BOX_H + 3))
+        out = [s.rect(x, y, BOX_W, BOX_H, fill, rx=3,
+                      title=f"{name}: blocks {ids(box.blocks)}; {tokens} tokens; {state}",
+                      stroke=s.ROLE["shared"] if ref > 1 else s.ROLE["text"],
+                      stroke_width=2.5 if ref > 1 else 1,
+                      class_="node held" if ref > 0 else "node evictable")]
+        out += [s.text(x + 6, y + 12 + 13 * i, line, size=9, pointer_events="none", **ink)
+                for i, line in enumerate((block_label(box.blocks), line2))]
+        return "".join(out) + self._tags_svg(box.holders, x, y + BOX_H + 3)
+
+    def _more_svg(self, box: Box) -> str:
+        """The branches left out under one parent, as one grey box that names them."""
+        x, y = self._corner(box)
+        hidden = {n.node_id for n in box.hidden}
+        branches = sum(n.parent not in hidden for n in box.hidden)
+        hover = f"not drawn: nodes {ids(sorted(hidden))}; blocks {ids(box.blocks)}"
+        return (s.rect(x, y, BOX_W, BOX_H, s.ROLE["waiting"], title=hover, rx=3,
+                       stroke=s.ROLE["grid"], stroke_dasharray="3 2", class_="node more")
+                + s.text(x + 6, y + 12, f"+{branches} more branches", size=9)
+                + s.text(x + 6, y + 25, f"{len(hidden)} nodes, {len(box.blocks)} blocks", size=9))
 
     def _tags_svg(self, holders: list[str], x: float, y: float) -> str:
         """A colour swatch and the id of each holder, in a row under a box."""
