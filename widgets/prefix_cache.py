@@ -30,8 +30,8 @@ NO_DATA = ("no prefix-cache data in this step: run with enable_prefix_caching=Tr
 
 @dataclass
 class Box:
-    """One drawn box: a run of nodes (each the only child of the one before, with the same
-    holders), or, with nodes empty, the branches left out (hidden) under one parent."""
+    """One drawn box: a run of nodes (each the only child of the one before, all in the same
+    state), or, with nodes empty, the branches left out (hidden) under one parent."""
 
     nodes: list[CacheNode]
     holders: list[str]
@@ -67,6 +67,7 @@ class CacheCounts:
 
 
 def cache_counts(snap: PrefixCacheSnapshot) -> CacheCounts:
+    """The caption's counts for one snapshot (blocks, not tokens, for held and evictable)."""
     held = sum(len(n.block_ids) for n in snap.nodes if n.ref_count > 0)
     blocks = sum(len(n.block_ids) for n in snap.nodes)
     return CacheCounts(snap.design, len(snap.nodes), blocks, sum(n.num_tokens for n in snap.nodes),
@@ -159,6 +160,7 @@ def block_label(blocks: list[int]) -> str:
 
 
 def ids(values: Sequence[object]) -> str:
+    """'1, 2, 3': ids as a hover text lists them."""
     return ", ".join(map(str, values))
 
 
