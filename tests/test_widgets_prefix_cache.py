@@ -92,13 +92,11 @@ def assert_no_overlap(root: ET.Element) -> None:
 def test_hash_tree_shows_every_node_block_and_holder() -> None:
     view = PrefixCacheView([record(0, hash_snapshot(), running="AB")])
     root = parse(view.to_svg())
-    text = shown(root)
-    for node in hash_snapshot().nodes:
-        assert f"{node.node_id}" in text
-    hovers = [t.text or "" for t in root.iter(NS + "title")]
-    assert any("nodes 0, 1, 2 (3 hash nodes" in h and "held by A, B (ref count 2)" in h
-               for h in hovers)
-    assert any(h.startswith("node 5: blocks 5; 9 tokens; held by B") for h in hovers)
+    assert named(hovers(root), "nodes?") == named(hovers(root), "blocks") == list(range(9))
+    assert "blocks 0 1 2" in shown(root) and "48 tok · 3 nodes · ×2" in shown(root)
+    assert any(h.startswith("nodes 0, 1, 2 (3 hash nodes") and "held by A, B (ref count 2)" in h
+               for h in hovers(root))
+    assert "node 5: blocks 5; 9 tokens; held by B (ref count 1)" in hovers(root)
     # the shared prompt is one box with a thick outline, filled with its first holder's colour
     rects = node_rects(root)
     shared = [r for r in rects if "blocks 0, 1, 2" in (r.findtext(NS + "title") or "")]
