@@ -163,7 +163,12 @@ class ReplicaResult:
     @property
     def hit_rate(self) -> float:
         """Prefix-cache hits / queried full blocks (nan if nothing was queried)."""
-        return _ratio(self.stats["prefix_cache_hits"], self.stats["prefix_cache_queries"])
+        return hit_rate(self.stats)
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Prompt tokens whose K/V were reused / prompt tokens looked up."""
+        return hit_rate(self.stats, "tokens")
 
     def summary(self, slo: dict[str, float] | None = None) -> Summary | None:
         """Latency and throughput over this replica's requests; None if it served none."""
@@ -185,31 +190,50 @@ class FleetResult:
     wall_time: float
 
     @property
+    def stats(self) -> dict[str, int]:
+        """The replicas' counters (LLM.stats()'s), summed over the fleet."""
+        return {key: sum(r.stats[key] for r in self.replicas) for key in self.replicas[0].stats}
+
+    @property
     def hit_rate(self) -> float:
         """Prefix-cache hits / queried blocks over the whole fleet."""
-        return _ratio(sum(r.stats["prefix_cache_hits"] for r in self.replicas),
-                      sum(r.stats["prefix_cache_queries"] for r in self.replicas))
+        return hit_rate(self.stats)
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Reused prompt tokens / prompt tokens looked up, over the whole fleet."""
+        return hit_rate(self.stats, "tokens")
 
     def summary(self, slo: dict[str, float] | None = None) -> Summary:
         """minillm.metrics.summarize over every request of the fleet."""
         return summarize((o.metrics for o in self.outputs), slo)
 
     def table(self) -> str:
-        """Per replica and overall: requests, hit rate, TTFT p50/p99 (ms), output tokens/s."""
-        lines = [f"{self.routing}: {'replica':>8} {'requests':>9} {'hit rate':>9} "
-                 f"{'TTFT p50':>9} {'TTFT p99':>9} {'tok/s':>9}"]
-        rows = [(str(r.index), r.num_requests, r.hit_rate, r.summary()) for r in self.replicas]
-        rows.append(("all", len(self.outputs), self.hit_rate, self.summary()))
-        for name, n, hit, s in rows:
-            ttft = (s.ttft.p50 * 1e3, s.ttft.p99 * 1e3) if s else (math.nan, math.nan)
-            lines.append(f"{'':{len(self.routing) + 1}} {name:>8} {n:>9} {hit:>9.1%} "
-                         f"{ttft[0]:>9.1f} {ttft[1]:>9.1f} "
-                         f"{s.output_throughput if s else math.nan:>9.0f}")
+        """Per replica and overall: requests, hit rates (blocks, tokens), TTFT p50/p99 (ms),
+        output tokens/s; nan where a replica served nothing."""
+        lines = [f"routing={self.routing}",
+                 f"{'replica':>7} {'requests':>8} {'hit blk':>8} {'hit tok':>8} "
+                 f"{'TTFT p50':>9} {'TTFT p99':>9} {'tok/s':>8}"]
+        rows = [(str(r.index), r.num_requests, r.hit_rate, r.token_hit_rate, r.summary())
+                for r in self.replicas]
+        rows.append(("all", len(self.outputs), self.hit_rate, self.token_hit_rate,
+                     self.summary()))
+        for name, n, blocks, tokens, s in rows:
+            p50, p99, rate = ((s.ttft.p50 * 1e3, s.ttft.p99 * 1e3, s.output_throughput) if s
+                              else (math.nan,) * 3)
+            lines.append(f"{name:>7} {n:>8} {blocks:>8.1%} {tokens:>8.1%} "
+                         f"{p50:>9.1f} {p99:>9.1f} {rate:>8.0f}")
         return "\n".join(lines)
 
 
-def _ratio(hits: int, queries: int) -> float:
-    return hits / queries if queries else math.nan
+def hit_rate(stats: dict[str, int], unit: Literal["blocks", "tokens"] = "blocks") -> float:
+    """Prefix-cache hits / lookups from LLM.stats()-style counters; nan if nothing was looked up.
+
+    blocks: full blocks found / full blocks queried; tokens: prompt tokens reused / prompt
+    tokens looked up (each prompt but its last token)."""
+    hits, queries = (("prefix_cache_hits", "prefix_cache_queries") if unit == "blocks" else
+                     ("prefix_cache_hit_tokens", "prefix_cache_query_tokens"))
+    return stats[hits] / stats[queries] if stats[queries] else math.nan
 
 
 def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,

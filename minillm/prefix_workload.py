@@ -205,13 +205,14 @@ class PrefixReuse:
     """What a cache of unlimited size could reuse from a sequence of requests (in tokens).
 
     prompt_tokens: all prompt tokens. reusable_tokens: those an ideal cache serves, in whole
-    blocks. queried_blocks, reusable_blocks: the same counted as the engine counts prefix-cache
-    queries and hits (full blocks of the prompt but its last token), so a measured hits/queries
-    can be set against reusable_blocks / queried_blocks directly.
+    blocks. queried_tokens, queried_blocks, reusable_blocks: lookups and hits counted as the
+    engine counts them (each prompt but its last token; its full blocks), so the engine's
+    stats() hit rates can be set against block_hit_rate and token_hit_rate directly.
     """
 
     prompt_tokens: int
     reusable_tokens: int
+    queried_tokens: int
     queried_blocks: int
     reusable_blocks: int
 
@@ -219,6 +220,11 @@ class PrefixReuse:
     def fraction(self) -> float:
         """reusable_tokens / prompt_tokens: the ceiling on the share of prefill a cache saves."""
         return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else math.nan
+
+    @property
+    def token_hit_rate(self) -> float:
+        """reusable_tokens / queried_tokens: the ceiling on the engine's token hit rate."""
+        return self.reusable_tokens / self.queried_tokens if self.queried_tokens else math.nan
 
     @property
     def block_hit_rate(self) -> float:
@@ -261,7 +267,7 @@ def ideal_prefix_reuse(requests: Sequence[ReuseItem], block_size: int = 1, *,
     """
     _check_int(block_size, "block_size")
     trie: dict[int, dict] = {}  # token -> the trie of what followed it
-    prompt_tokens = reusable = queried = 0
+    prompt_tokens = queried_tokens = reusable = queried = 0
     for item in requests:
         prompt, left = _prompt_and_left(item, vocab_size)
         node, common = trie, 0
@@ -269,12 +275,13 @@ def ideal_prefix_reuse(requests: Sequence[ReuseItem], block_size: int = 1, *,
             node, common = node[prompt[common]], common + 1
         blocks = min(common, len(prompt) - 1) // block_size
         prompt_tokens += len(prompt)
+        queried_tokens += len(prompt) - 1
         reusable += blocks
         queried += (len(prompt) - 1) // block_size
         node = trie
         for token in left:
             node = node.setdefault(token, {})
-    return PrefixReuse(prompt_tokens, reusable * block_size, queried, reusable)
+    return PrefixReuse(prompt_tokens, reusable * block_size, queried_tokens, queried, reusable)
 
 
 def shared_token_fraction(requests: Sequence[ReuseItem], block_size: int = 1, *,

@@ -95,6 +95,7 @@ def test_shared_token_fraction_by_hand() -> None:
     assert (reuse.reusable_tokens, reuse.reusable_blocks) == (8, 2)
     assert reuse.queried_blocks == 1 + 1 + 1 + 0  # (len - 1) // 4 each
     assert reuse.fraction == pytest.approx(8 / 21) and reuse.block_hit_rate == pytest.approx(2 / 3)
+    assert reuse.queried_tokens == 21 - 4 and reuse.token_hit_rate == pytest.approx(8 / 17)
     # A finished turn leaves its answer cached too (all but its last token).
     turn = RequestOutput("0", None, [1, 2, 3], "", [7, 7, 7], "length", None, None, True)
     follow_up = [1, 2, 3, 7, 7, 7, 5]
@@ -102,15 +103,19 @@ def test_shared_token_fraction_by_hand() -> None:
     assert math.isnan(shared_token_fraction([]))
 
 
-def test_the_ceiling_is_what_the_simulator_hits_when_requests_never_overlap() -> None:
+@pytest.mark.parametrize("design", ["hash", "radix"])
+def test_the_ceiling_is_what_the_simulator_hits_when_requests_never_overlap(design: str) -> None:
     # 2 requests/s against millisecond requests: each is done before the next, and the pool
-    # (512 blocks) keeps everything, so the hash-chain cache reaches the ideal exactly.
+    # (512 blocks) keeps everything, so either cache design reaches the ideal exactly.
     work = shared_prefix(30, 3, 64, (5, 40), 4, rate=2.0, vocab_size=V, seed=2)
     stats = simulate(ModelConfig.from_pretrained(default_model_path()), "H100-SXM", work,
-                     block_size=8, num_kv_blocks=512, enable_prefix_caching=True).stats
+                     block_size=8, num_kv_blocks=512, enable_prefix_caching=True,
+                     prefix_caching=design).stats
     ideal = ideal_prefix_reuse(work, block_size=8)
     assert stats["prefix_cache_hits"] == ideal.reusable_blocks > 0
     assert stats["prefix_cache_queries"] == ideal.queried_blocks
+    assert stats["prefix_cache_hit_tokens"] == ideal.reusable_tokens
+    assert stats["prefix_cache_query_tokens"] == ideal.queried_tokens
 
 
 def test_multi_turn_conversations_build_each_prompt_from_the_answers() -> None:
@@ -154,18 +159,20 @@ def test_run_conversations_interleaves_turns_and_feeds_back_the_actual_answers()
     assert out[0][1].token_ids == [4, 2]
 
 
-def test_multi_turn_reuse_in_the_engine_equals_the_ideal_in_blocks() -> None:
+@pytest.mark.parametrize("design", ["hash", "radix"])
+def test_multi_turn_reuse_in_the_engine_equals_the_ideal_in_blocks(design: str) -> None:
     # Each follow-up reuses its chat's earlier prompt and answer; nothing is evicted in a pool
     # of 256 blocks, and chats share nothing with each other, so hits are exactly the ideal's.
     chats = multi_turn(3, 3, (20, 40), (4, 10), (5, 12), vocab_size=V, seed=0)
     llm = LLM(device="cpu", dtype="float32", block_size=4, num_kv_blocks=256,
-              enable_prefix_caching=True)
+              enable_prefix_caching=True, prefix_caching=design)
     out = run_conversations(llm, chats)
     issued = [out[c][k] for k in range(3) for c in range(3)]
     ideal = ideal_prefix_reuse(issued, block_size=4)
     stats = llm.stats()
     assert stats["prefix_cache_hits"] == ideal.reusable_blocks > 0
     assert stats["prefix_cache_queries"] == ideal.queried_blocks
+    assert stats["prefix_cache_hit_tokens"] == ideal.reusable_tokens
     # Turn 1 of chat 0 carries turn 0's whole prompt and answer.
     first, second = out[0][0], out[0][1]
     assert second.prompt_token_ids[:len(first.prompt_token_ids) + len(first.token_ids)] == \
