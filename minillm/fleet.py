@@ -294,7 +294,8 @@ class Fleet:
         concurrency = getattr(workload, "concurrency", None)  # a plain list is an open loop
         first = len(workload) if concurrency is None else min(concurrency, len(workload))
         # (arrival time, workload index): a closed loop's next request arrives at a finish
-        pending = [(0.0 if concurrency else workload[i].arrival_time, i) for i in range(first)]
+        pending = [(workload[i].arrival_time if concurrency is None else 0.0, i)
+                   for i in range(first)]
         heapq.heapify(pending)
         issued = first
         requests: list[Request | None] = [None] * len(workload)

@@ -21,7 +21,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from minillm.request import RequestOutput
 from minillm.sampling import SamplingParams
@@ -147,20 +147,25 @@ class Conversation:
 
 
 def multi_turn(num_conversations: int, num_turns: int, first_len: Length, turn_len: Length,
-               output_len: Length, *, vocab_size: int, seed: int = 0) -> list[Conversation]:
+               output_len: Length, *, vocab_size: int, system_prompt_len: int = 0,
+               seed: int = 0) -> list[Conversation]:
     """num_conversations chats of num_turns turns each (the model's answers are not drawn).
 
-    first_len: tokens of the opening prompt; turn_len: of each later user message; output_len:
-    of each answer asked for. Lengths are as in minillm.workload; ids in [1, vocab_size).
+    first_len: tokens of the opening user message; turn_len: of each later one; output_len: of
+    each answer asked for. system_prompt_len: tokens of a system prompt that opens every chat
+    (the same tokens in all; 0: none). Lengths are as in minillm.workload; ids in
+    [1, vocab_size).
     """
     _check_int(num_conversations, "num_conversations")
     _check_int(num_turns, "num_turns")
     _check_int(vocab_size, "vocab_size", minimum=2)
+    _check_int(system_prompt_len, "system_prompt_len", minimum=0)
     first, turn, output = (as_distribution(first_len, "first_len"),
                            as_distribution(turn_len, "turn_len"),
                            as_distribution(output_len, "output_len"))
+    system = random_tokens(random.Random(f"{seed}-system"), system_prompt_len, vocab_size)
     rng = random.Random(seed)
-    return [Conversation(random_tokens(rng, first.sample(rng), vocab_size),
+    return [Conversation(system + random_tokens(rng, first.sample(rng), vocab_size),
                          tuple(random_tokens(rng, turn.sample(rng), vocab_size)
                                for _ in range(num_turns - 1)),
                          tuple(output.sample(rng) for _ in range(num_turns)))
@@ -168,9 +173,10 @@ def multi_turn(num_conversations: int, num_turns: int, first_len: Length, turn_l
 
 
 class TokenPromptLLM(Protocol):
-    """Anything whose generate takes a list of token-id prompts and one SamplingParams each."""
+    """Anything whose generate takes token-id prompts and one SamplingParams each, and returns
+    outputs (with .token_ids) in prompt order, as minillm.LLM.generate does."""
 
-    def generate(self, prompts: Any, params: Any = ..., *args: Any, **kwargs: Any
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]
                  ) -> list[RequestOutput]: ...
 
 

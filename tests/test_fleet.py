@@ -30,18 +30,31 @@ def schedule(trace: list) -> list[tuple]:
              r.finished) for r in trace]
 
 
-@pytest.mark.parametrize("work", [
-    four_system_prompts(),
-    workload.closed_loop(30, 6, (64, 512), (8, 64), seed=1),
-], ids=["open loop", "closed loop"])
-def test_a_fleet_of_one_is_the_simulator(work: Workload) -> None:
+@pytest.mark.parametrize(("work", "routing"), [
+    (four_system_prompts(), "round_robin"),
+    (four_system_prompts(), "prefix_aware"),  # its probes of the cache change nothing
+    (workload.closed_loop(30, 6, (64, 512), (8, 64), seed=1), "round_robin"),
+], ids=["open loop", "open loop, prefix-aware", "closed loop"])
+def test_a_fleet_of_one_is_the_simulator(work: Workload, routing: str) -> None:
     kwargs = dict(num_kv_blocks=160, max_num_seqs=8, enable_prefix_caching=True)
-    fleet = simulate_fleet(MODEL, HW, work, num_replicas=1, **kwargs)
+    fleet = simulate_fleet(MODEL, HW, work, num_replicas=1, routing=routing, **kwargs)
     alone = simulate(MODEL, HW, work, record_block_tables=False, **kwargs)
     assert schedule(fleet.replicas[0].trace) == schedule(alone.trace)
     assert fleet.replicas[0].stats == alone.stats
     assert [o.metrics.ttft for o in fleet.outputs] == [o.metrics.ttft for o in alone.outputs]
     assert fleet.assignment == [0] * len(work)
+
+
+def test_a_closed_loop_keeps_its_concurrency_across_the_fleet() -> None:
+    work = workload.closed_loop(40, 6, (64, 512), (8, 64), seed=2)
+    result = simulate_fleet(MODEL, HW, work, num_replicas=4, num_kv_blocks=160)
+    # Sweep arrivals (+1) and finishes (-1); a finish frees its client before an arrival at the
+    # same instant, which is that client's next request.
+    events = sorted([(o.metrics.arrival_time, 1) for o in result.outputs]
+                    + [(o.metrics.finished_time, -1) for o in result.outputs])
+    in_flight = [sum(d for _, d in events[:k + 1]) for k in range(len(events))]
+    assert max(in_flight) == 6 and in_flight[-1] == 0
+    assert set(result.assignment) == {0, 1, 2, 3}
 
 
 def test_routing_is_deterministic() -> None:

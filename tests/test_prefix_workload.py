@@ -125,6 +125,10 @@ def test_multi_turn_conversations_build_each_prompt_from_the_answers() -> None:
         assert chat.num_turns == 4 and len(chat.output_lens) == 4
         assert 10 <= len(chat.first_prompt) <= 20
         assert all(3 <= len(u) <= 6 for u in chat.user_turns)
+    with_system = multi_turn(3, 2, 10, 3, 2, vocab_size=V, system_prompt_len=24, seed=1)
+    assert len({c.first_prompt[:24] for c in with_system}) == 1  # one system prompt for all
+    assert len({c.first_prompt[24:] for c in with_system}) == 3  # and each its own message
+    assert all(len(c.first_prompt) == 34 for c in with_system)
     chat = Conversation((1, 2), ((3,), (4, 4)), (1, 1, 1))
     assert chat.prompt(0, []) == [1, 2]
     assert chat.prompt(2, [[9], [8, 8]]) == [1, 2, 9, 3, 8, 8, 4, 4]
