@@ -206,6 +206,13 @@ def run_conversations(llm: TokenPromptLLM, conversations: Sequence[Conversation]
     return outputs
 
 
+def in_issue_order(outputs: Sequence[Sequence[RequestOutput]]) -> list[RequestOutput]:
+    """run_conversations' outputs (per chat, per turn) in the order they were sent: turn 0 of
+    every chat, then turn 1, ...; the order ideal_prefix_reuse must see them in."""
+    rounds = max((len(turns) for turns in outputs), default=0)
+    return [turns[k] for k in range(rounds) for turns in outputs if k < len(turns)]
+
+
 @dataclass(frozen=True)
 class PrefixReuse:
     """What a cache of unlimited size could reuse from a sequence of requests (in tokens).

@@ -15,6 +15,7 @@ from minillm.prefix_workload import (
     Conversation,
     TokenRequestSpec,
     ideal_prefix_reuse,
+    in_issue_order,
     multi_turn,
     run_conversations,
     shared_prefix,
@@ -160,6 +161,7 @@ def test_run_conversations_interleaves_turns_and_feeds_back_the_actual_answers()
                          [[1, 2, 3, 3, 2, 4]],
                          [[1, 2, 3, 3, 2, 4, 4, 2, 5]]]
     assert [len(turns) for turns in out] == [3, 1]
+    assert in_issue_order(out) == [out[0][0], out[1][0], out[0][1], out[0][2]]
     assert out[0][1].token_ids == [4, 2]
 
 
@@ -171,7 +173,8 @@ def test_multi_turn_reuse_in_the_engine_equals_the_ideal_in_blocks(design: str) 
     llm = LLM(device="cpu", dtype="float32", block_size=4, num_kv_blocks=256,
               enable_prefix_caching=True, prefix_caching=design)
     out = run_conversations(llm, chats)
-    issued = [out[c][k] for k in range(3) for c in range(3)]
+    issued = in_issue_order(out)
+    assert [o.prompt_token_ids for o in issued[:3]] == [list(c.first_prompt) for c in chats]
     ideal = ideal_prefix_reuse(issued, block_size=4)
     stats = llm.stats()
     assert stats["prefix_cache_hits"] == ideal.reusable_blocks > 0
