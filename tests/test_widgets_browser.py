@@ -71,7 +71,13 @@ def trace() -> list:
 @pytest.fixture
 def views(request: pytest.FixtureRequest) -> dict[str, object]:
     """Makers of every view, by name (the engine runs only for the trace views)."""
-    from widgets import BatchTimeline, BlockTableView, KVCalculator, RooflineExplorer
+    from widgets import (
+        BatchTimeline,
+        BlockTableView,
+        KVCalculator,
+        PrefixCacheView,
+        RooflineExplorer,
+    )
 
     def steps() -> list:
         return request.getfixturevalue("trace")
@@ -79,6 +85,7 @@ def views(request: pytest.FixtureRequest) -> dict[str, object]:
     return {"block_table": lambda: BlockTableView(steps(), step=len(steps()) // 2,
                                                   num_blocks=12),
             "batch_timeline": lambda: BatchTimeline(steps(), budget=64),
+            "prefix_cache": lambda: PrefixCacheView(steps(), step=len(steps()) // 2),
             "roofline": RooflineExplorer, "kv_calculator": lambda: KVCalculator(batch=16)}
 
 
@@ -99,7 +106,8 @@ def write_page(root: Path, name: str, body: str, head: str = "") -> str:
 
 
 
-@pytest.mark.parametrize("name", ["block_table", "batch_timeline", "roofline", "kv_calculator"])
+@pytest.mark.parametrize("name", ["block_table", "batch_timeline", "prefix_cache", "roofline",
+                                  "kv_calculator"])
 def test_static_html_renders_offline(name: str, views: dict[str, object], site: tuple[Path, str],
                                      page: tuple, tmp_path: Path) -> None:
     root, url = site
@@ -165,7 +173,7 @@ def move_slider(pg: object, label: str, value: int) -> None:
         "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }", value)
 
 
-@pytest.mark.parametrize("name", ["roofline", "kv_calculator"])
+@pytest.mark.parametrize("name", ["roofline", "kv_calculator", "prefix_cache"])
 def test_widget_esm_renders_and_round_trips(name: str, views: dict[str, object],
                                             site: tuple[Path, str], page: tuple,
                                             tmp_path: Path) -> None:
@@ -182,6 +190,10 @@ def test_widget_esm_renders_and_round_trips(name: str, views: dict[str, object],
         move_slider(pg, "decode batch", 64)
         pg.wait_for_function("window.syncs === 1")
         assert view.batch == 64 and "decode, batch 64" in pg.text_content("#app svg")
+    elif name == "prefix_cache":
+        move_slider(pg, "step", 0)
+        pg.wait_for_function("window.syncs === 1")
+        assert view.step == 0 and "Prefix cache at step 0 (1 of" in pg.text_content("#app svg")
     else:
         pg.locator("label", has_text="hardware").locator("select").select_option('"L4"')
         pg.wait_for_function("window.syncs === 1")

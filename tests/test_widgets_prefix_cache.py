@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm.trace import CacheNode, PrefixCacheSnapshot, ScheduledEntry, StepRecord
-from widgets import PrefixCacheView
+from widgets import PrefixCacheView, prefix_tree
 from widgets import prefix_cache as pc
 from widgets import svg as s
 
@@ -213,9 +213,9 @@ def test_a_wide_tree_keeps_held_branches_and_summarises_the_rest() -> None:
                                {f"r{i}": (0, i) for i in range(5, 41, 5)})
     root = parse(PrefixCacheView([record(0, snap)]).to_svg())
     rects = node_rects(root)
-    assert len(rects) == 1 + pc.MAX_CHILDREN
+    assert len(rects) == 1 + prefix_tree.MAX_CHILDREN
     more = [r for r in rects if r.get("class") == "node more"]
-    assert len(more) == 1 and f"+{40 - pc.MAX_CHILDREN + 1} more branches" in shown(root)
+    assert len(more) == 1 and f"+{40 - prefix_tree.MAX_CHILDREN + 1} more branches" in shown(root)
     text = " ".join(hovers(root))
     for i in range(5, 41, 5):  # every held branch is drawn
         assert f"node {i}: blocks {i}, {100 + i}; 32 tokens; held by r{i}" in text

@@ -11,6 +11,7 @@ interactive anywidget (sliders, dropdowns) for JupyterLab.
 | ``base.py`` | ``View`` and its interactive ``ViewWidget`` (JS/CSS in ``static/``) |
 | ``block_table.py`` | ``BlockTableView``: the paged KV pool and block tables at one step |
 | ``prefix_cache.py`` | ``PrefixCacheView``: the prefix cache tree, holders, evictions |
+| ``prefix_tree.py`` | the tree layout behind ``PrefixCacheView`` |
 | ``timeline.py`` | ``BatchTimeline``: requests × steps, phases, token budget use |
 | ``roofline.py`` | ``RooflineExplorer``: the roofline with prefill and decode points |
 | ``kv_calculator.py`` | ``KVCalculator``: KV bytes and concurrent sequences per GPU |

@@ -2,54 +2,29 @@
 
 The root is at the left, one column per depth. A hash chain keeps one node per block (a
 1,024-token system prompt is a chain of 64 nodes), so an unbranched run of nodes in the same
-state is drawn as one box that lists its blocks: the run a radix tree stores as one node. At
-most MAX_CHILDREN branches of a node, and about MAX_ROWS rows in all, are drawn; the rest share
-one grey box whose hover text names them.
+state is drawn as one box that lists its blocks: the run a radix tree stores as one node. The
+layout (widgets/prefix_tree.py) draws at most MAX_CHILDREN branches of a node and about
+MAX_ROWS rows in all; the rest share one grey box whose hover text names them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from minillm.trace import CacheNode, PrefixCacheSnapshot, StepRecord
+from minillm.trace import PrefixCacheSnapshot, StepRecord
 from widgets import svg as s
 from widgets.base import TraceView, slider
 from widgets.block_table import request_colors
+from widgets.prefix_tree import RECENCY, Box, build_tree, layout, recency_levels
 
 BOX_W, BOX_H = 156, 30  # px of a node's box; its holder tags go in the 14 px under it
 COL_W, ROW_H = BOX_W + 40, BOX_H + 22  # px per tree depth and per leaf row
 ROOT_W, TOP = 40, 58  # the root marker's width; the y of the first row
 LABEL_CHARS = 28  # characters of a 9 px label that fit in a box
-MAX_CHILDREN, MAX_ROWS = 16, 40
 GHOSTS_PER_ROW, MAX_GHOSTS = 24, 48  # evicted blocks drawn in the strip; the rest counted
-RECENCY = ("#E3F1FA", "#BFE0F4", "#8FC8EC", "#5AA9DD")  # hatch colours, least to most recent
 NO_DATA = ("no prefix-cache data in this step: run with enable_prefix_caching=True and block "
            "data traced")
-
-
-@dataclass
-class Box:
-    """One drawn box: a run of nodes (each the only child of the one before, all in the same
-    state), or, with nodes empty, the branches left out (hidden) under one parent."""
-
-    nodes: list[CacheNode]
-    holders: list[str]
-    children: list[Box] = field(default_factory=list)
-    hidden: list[CacheNode] = field(default_factory=list)
-    depth: int = 0
-    row: float = 0.0
-
-    @property
-    def blocks(self) -> list[int]:
-        return [b for n in self.nodes or self.hidden for b in n.block_ids]
-
-    @property
-    def last_used(self) -> int:
-        return max(n.last_used for n in self.nodes or self.hidden)
-
-    def subtree(self) -> list[CacheNode]:
-        return self.nodes + self.hidden + [n for c in self.children for n in c.subtree()]
 
 
 @dataclass(frozen=True)
@@ -72,78 +47,6 @@ def cache_counts(snap: PrefixCacheSnapshot) -> CacheCounts:
     blocks = sum(len(n.block_ids) for n in snap.nodes)
     return CacheCounts(snap.design, len(snap.nodes), blocks, sum(n.num_tokens for n in snap.nodes),
                        held, blocks - held, len(snap.evicted))
-
-
-def build_tree(snap: PrefixCacheSnapshot) -> list[Box]:
-    """The snapshot's nodes as boxes under the root (a node whose parent is not in the
-    snapshot hangs from the root); an unbranched run of nodes with the same holders and ref
-    count (and, at ref count 0, the same recency level) shares a box."""
-    levels = recency_levels(snap)
-    holders: dict[int, list[str]] = {}
-    for rid, node_ids in snap.holders.items():
-        for node_id in node_ids:
-            holders.setdefault(node_id, []).append(rid)
-    known = {n.node_id for n in snap.nodes}
-    children: dict[int | None, list[CacheNode]] = {}
-    for n in snap.nodes:
-        children.setdefault(n.parent if n.parent in known else None, []).append(n)
-
-    def key(n: CacheNode) -> tuple:
-        return n.ref_count, holders.get(n.node_id, []), n.ref_count or levels[n.last_used]
-
-    def run_from(node: CacheNode) -> Box:
-        nodes = [node]
-        while len(kids := children.get(nodes[-1].node_id, [])) == 1 and key(kids[0]) == key(node):
-            nodes.append(kids[0])
-        box = Box(nodes, holders.get(node.node_id, []))
-        box.children = [run_from(c) for c in children.get(nodes[-1].node_id, [])]
-        return box
-
-    return [run_from(n) for n in children.get(None, [])]
-
-
-def layout(roots: list[Box]) -> list[Box]:
-    """Give every box a depth and a row (leaves on consecutive rows, a parent midway between
-    its first and last child, so boxes never overlap); returns the boxes drawn, parents first."""
-    drawn: list[Box] = []
-    next_row = 0
-
-    def place(boxes: list[Box], depth: int) -> list[Box]:
-        nonlocal next_row
-        shown = boxes
-        if len(boxes) > MAX_CHILDREN:  # keep the held and most recently used branches
-            ranked = sorted(boxes, key=lambda b: (not b.nodes[0].ref_count, -b.last_used))
-            kept = {id(b) for b in ranked[:MAX_CHILDREN - 1]}
-            shown = [b for b in boxes if id(b) in kept]
-        placed = []
-        for box in shown:
-            if next_row >= MAX_ROWS:
-                break
-            box.depth = depth
-            drawn.append(box)
-            box.children = place(box.children, depth + 1)
-            box.row = ((box.children[0].row + box.children[-1].row) / 2 if box.children
-                       else next_row)
-            next_row += not box.children
-            placed.append(box)
-        placed_ids = {id(b) for b in placed}
-        rest = [n for b in boxes if id(b) not in placed_ids for n in b.subtree()]
-        if rest:
-            more = Box([], [], hidden=rest, depth=depth, row=next_row)
-            drawn.append(more)
-            placed.append(more)
-            next_row += 1
-        return placed
-
-    place(roots, 0)
-    return drawn
-
-
-def recency_levels(snap: PrefixCacheSnapshot) -> dict[int, int]:
-    """last_used -> 0 (least recent) .. len(RECENCY) - 1, over the evictable nodes' uses."""
-    uses = sorted({n.last_used for n in snap.nodes if n.ref_count == 0})
-    return {u: (len(RECENCY) - 1) * i // max(len(uses) - 1, 1) if len(uses) > 1
-            else len(RECENCY) - 1 for i, u in enumerate(uses)}
 
 
 def block_label(blocks: list[int]) -> str:
