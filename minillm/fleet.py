@@ -116,6 +116,8 @@ class PrefixAwareRouter:
     queue all its traffic on one replica while the others idle.
     """
 
+    # An eighth of the default max_num_seqs (64): the holder may queue a few requests more
+    # than its peers, far fewer than it can run in one batch. SGLang's 32 is for larger batches.
     load_bound: float = 8
 
     def __post_init__(self) -> None:
@@ -253,7 +255,8 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     load_bound: requests a replica may carry beyond the least loaded and still be picked for
     its cache (prefix_aware only). engine_kwargs: EngineConfig's, for every replica; prefix
     caching is on unless enable_prefix_caching=False is passed. The pool, dtype_bytes, the
-    overhead keywords, gpu_memory_utilization, record_block_tables and step_time are as in simulate.
+    overhead keywords, gpu_memory_utilization and step_time are as in simulate, and so is
+    record_block_tables, off by default here since a fleet run is long.
     A closed-loop workload keeps workload.concurrency requests in flight across the fleet.
     """
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
