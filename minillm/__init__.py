@@ -10,7 +10,9 @@ Module map (one concept each):
     request.py       Request (tokens, progress, block table) and RequestOutput
     sampling.py      SamplingParams and the batched Sampler (greedy, temperature, top-k, top-p)
     kv_cache.py      the paged KV pool, BlockManager (ref counts) and the prefix cache
-    scheduler.py     continuous / static batching, chunked prefill, preemption by recompute
+                     (hash chain of blocks, vLLM's; or radix_cache.py's tree, SGLang's)
+    scheduler.py     continuous / static batching, chunked prefill, preemption by recompute,
+                     admission by arrival (fcfs) or longest cached prefix (lpm)
     batch.py         one step flattened into tensors: input ids, positions, slots, block tables
     attention/       paged attention backends: torch_ref (reference) and, on GPU, Triton;
                      tiles.py picks each kernel's tiles by compute capability
@@ -25,22 +27,27 @@ Module map (one concept each):
     sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
     roofline.py      Hardware peaks, ridge points, the step cost model, measure_machine()
     workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
+    prefix_workload.py  shared-prefix and multi-turn workloads with explicit token ids, and
+                     the ceiling an ideal prefix cache reaches on them
     serving.py       replay a workload in real time (in-process, no HTTP)
     serving_result.py  a serving run's report: per-request records, vLLM's figures and JSON
     serve/           minillm serve (OpenAI-compatible HTTP server) and the benchmark client
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
+    fleet.py         N simulated replicas behind a router (round robin, prefix-aware, yours)
     calibration.py   fit the simulator's step overheads to this machine and report its error
     real_run.py      a workload served on the real engine in real time (wall or CPU clock)
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
     machine.py       describe() / settle_threads(): the hardware a chapter measured on
     train/           the training script of the shipped tiny model (python -m minillm.train)
     cli.py           the `minillm` console script: minillm serve ..., minillm bench ...
-    bench/           python -m minillm.bench engine|serve|simulate|kernels|gpu|chapters:
-                     side-by-side ratios; gpu_checks.py: the GPU tests and a chapter for `bench gpu`
+    bench/           python -m minillm.bench engine|serve|simulate|prefix|kernels|gpu|tiles|
+                     chapters: side-by-side ratios; gpu_checks.py: the GPU tests and a chapter
+                     for `bench gpu`
 """
 
 from minillm import models, roofline
 from minillm.config import EngineConfig
+from minillm.fleet import simulate_fleet
 from minillm.llm import LLM, default_model_path
 from minillm.metrics import RequestMetrics, summarize
 from minillm.model_config import ModelConfig
@@ -66,5 +73,6 @@ __all__ = [
     "models",
     "roofline",
     "simulate",
+    "simulate_fleet",
     "summarize",
 ]

@@ -6,6 +6,7 @@ median over rounds that one stalled run cannot flip.
 """
 
 import argparse
+import re
 import time
 
 import pytest
@@ -75,3 +76,31 @@ def test_every_bench_command_settles_threads_first(monkeypatch):
     monkeypatch.setattr(bench_engine, "main", lambda args: order.append("engine") or {})
     assert bench_cli.main(["engine"]) == 0
     assert order == ["settle", "engine"]
+
+
+def test_prefix_bench_measures_ttft_and_hit_rates_side_by_side(capsys):
+    # A small run of `bench prefix`: a 256-token shared prompt and four chats. What it must show
+    # holds at any size: a cached prompt is not prefilled again (TTFT well under the uncached
+    # one), and with an ample pool both designs reach the ceiling, while a tight one evicts.
+    from minillm.bench import prefix as bench_prefix
+    from minillm.model_config import ModelConfig
+
+    parser = argparse.ArgumentParser()
+    bench_prefix.add_arguments(parser)
+    args = parser.parse_args(["--prefix-len", "256", "--questions", "3", "--rounds", "2",
+                              "--chats", "4", "--turns", "3"])
+    vocab = ModelConfig.from_pretrained(args.model).vocab_size
+    ratios = bench_prefix.shared_prompt_ttft(args, vocab)
+    out = capsys.readouterr().out
+    assert set(ratios) == {"hash", "radix"} and all(len(r.per_round) == 2 for r in ratios.values())
+    assert all(r.median < 0.8 for r in ratios.values()), out
+    assert "prefill tokens computed per round:    816 (272 per question)" in out  # 256+16, off
+    assert out.count("prefill tokens computed per round:     48 (16 per question)") == 2
+    rates = bench_prefix.chat_hit_rates(args, vocab)
+    out = capsys.readouterr().out
+    for design in ("hash", "radix"):
+        ample = rates["ample pool", design]
+        assert f"ample pool (176 blocks), {design:5s}: token hit rate {ample:.3f} (ceiling " \
+               f"{ample:.3f}), 0 blocks evicted" in out
+        assert rates["tight pool", design] < ample
+    assert re.search(r"tight pool \(\d+ blocks\), hash : .* [1-9]\d* blocks evicted", out)

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from minillm import machine
-from minillm.bench import chapters, engine, gpu, kernels, serve, simulate, tiles
+from minillm.bench import chapters, engine, gpu, kernels, prefix, serve, simulate, tiles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_arguments(sub.add_parser("simulate", help=simulate.__doc__.splitlines()[0]))
     chapters.add_arguments(sub.add_parser("chapters", help=chapters.__doc__.splitlines()[0]))
     tiles.add_arguments(sub.add_parser("tiles", help=tiles.__doc__.splitlines()[0]))
+    prefix.add_arguments(sub.add_parser("prefix", help=prefix.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     # Every CPU figure is timed: on a small shared CPU, torch's threads must not stall behind
     # another process's (machine.settle_threads). On a GPU this changes nothing.
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return chapters.main(args)
     if args.command == "tiles":
         return tiles.main(args)
+    if args.command == "prefix":
+        return prefix.main(args)
     if args.command == "simulate":
         simulate.main(args)
         return 0
