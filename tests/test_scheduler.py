@@ -10,6 +10,7 @@ a request reads only K/V computed from its own tokens and writes only blocks it 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minillm import scheduler as scheduler_module
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.request import Request, RequestStatus
@@ -50,7 +52,8 @@ def prefix_ids(token_ids: list[int]) -> list[int]:
 class FakeEngine:
     def __init__(self, config: EngineConfig, num_blocks: int):
         self.config = config
-        self.bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                               config.prefix_caching)
         self.scheduler = Scheduler(config, self.bm)
         self.kv: dict[int, int] = {}  # slot -> prefix id of the K/V written there
         self.finished: list[Request] = []
@@ -116,7 +119,8 @@ class FakeEngine:
             assert self.kv.get(table[pos // P] * P + pos % P) == ids[pos], "stale K/V read"
         for pos in range(start, start + num_tokens):
             block = self.bm.blocks[table[pos // P]]
-            assert block.ref_count == 1 and block.hash is None, "wrote a shared/cached block"
+            assert block.ref_count == 1 and not self.bm.is_cached(block.block_id), \
+                "wrote a shared/cached block"
             self.kv[block.block_id * P + pos % P] = ids[pos]
         req.num_computed_tokens = start + num_tokens
 
@@ -200,6 +204,104 @@ def test_random_workloads_finish_within_budget_and_free_every_block(
     workload: tuple[EngineConfig, int, list[Arrival]],
 ) -> None:
     run_workload(*workload)
+
+
+@st.composite
+def cached_workloads(draw: st.DrawFn) -> tuple[EngineConfig, int, list[Arrival]]:
+    """workloads() with prefix caching on, either design and either admission policy."""
+    config, num_blocks, arrivals = draw(workloads())
+    config = dataclasses.replace(
+        config, enable_prefix_caching=True,
+        prefix_caching=draw(st.sampled_from(["hash", "radix"])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "lpm"])))
+    return config, num_blocks, arrivals
+
+
+@settings(max_examples=200, deadline=None)
+@given(cached_workloads())
+@pytest.mark.ch08
+def test_random_workloads_with_either_cache_design_and_policy_finish_and_free_every_block(
+    workload: tuple[EngineConfig, int, list[Arrival]],
+) -> None:
+    engine = run_workload(*workload)
+    radix = engine.bm.radix
+    if radix is not None:
+        assert radix.holders == {} and all(n.ref_count == 0 for n in radix.nodes())
+        assert sorted(engine.bm.cached_free_blocks()) == sorted(radix.block_node)
+
+
+# ---- longest-prefix-match admission (LPM) -----------------------------------------------------
+
+
+def admission_order(engine: FakeEngine) -> list[str]:
+    """Run to completion; the request ids in the order they were first scheduled."""
+    order: list[str] = []
+    while engine.scheduler.has_unfinished_requests():
+        for s in engine.step().scheduled:
+            if s.request.request_id not in order:
+                order.append(s.request.request_id)
+    return order
+
+
+def warm_engine(policy: str, design: str) -> FakeEngine:
+    """One seat, and the blocks of [1, 2, 3, 4, 5, 6, 7, 8] cached by a finished request."""
+    config = EngineConfig(block_size=2, max_num_seqs=1, max_num_batched_tokens=64,
+                          enable_prefix_caching=True, prefix_caching=design,  # type: ignore
+                          scheduling_policy=policy)  # type: ignore[arg-type]
+    engine = FakeEngine(config, num_blocks=32)
+    engine.add([1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1)
+    admission_order(engine)
+    return engine
+
+
+@pytest.mark.ch08
+@pytest.mark.parametrize("design", ["hash", "radix"])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_lpm_admits_the_longest_cached_prefix_first(policy: str, design: str) -> None:
+    engine = warm_engine(policy, design)
+    engine.add([9, 9, 9, 9, 9], max_tokens=2)  # "2": no match
+    engine.add([1, 2, 3, 3, 3], max_tokens=2)  # "3": one block
+    engine.add([1, 2, 3, 4, 5, 6, 0], max_tokens=2)  # "4": three blocks
+    engine.add([1, 2, 3, 4, 0, 0], max_tokens=2)  # "5": two blocks
+    want = ["2", "3", "4", "5"] if policy == "fcfs" else ["4", "5", "3", "2"]
+    assert admission_order(engine) == want
+
+
+@pytest.mark.ch08
+def test_lpm_admits_a_request_passed_over_too_often_in_arrival_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler_module, "LPM_MAX_OVERTAKES", 2)
+    engine = warm_engine("lpm", "radix")
+    engine.add([9, 9, 9, 9, 9], max_tokens=2)  # "2": shares nothing, arrives first
+    for _ in range(4):  # "3" to "6": each shares three blocks
+        engine.add([1, 2, 3, 4, 5, 6, 0], max_tokens=2)
+    # "3" and "4" overtake "2" once each; then "2" has waited its bound and goes next.
+    assert admission_order(engine) == ["3", "4", "2", "5", "6"]
+
+
+@pytest.mark.ch08
+def test_lpm_serves_a_long_queue_first_come_first_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "LPM_MAX_WAITING", 2)
+    engine = warm_engine("lpm", "hash")
+    engine.add([9, 9, 9, 9, 9], max_tokens=1)
+    engine.add([1, 2, 3, 3, 3], max_tokens=1)
+    engine.add([1, 2, 3, 4, 5, 6, 0], max_tokens=1)
+    # Three waiting: over the bound, so arrival order; at two, LPM sorts again.
+    assert admission_order(engine) == ["2", "4", "3"]
+
+
+@pytest.mark.ch08
+def test_lpm_keeps_a_preempted_request_at_the_front() -> None:
+    engine = warm_engine("lpm", "radix")
+    victim = engine.add([9, 9, 9, 9, 9], max_tokens=4)
+    engine.step()  # victim runs
+    engine.add([1, 2, 3, 4, 5, 6, 0], max_tokens=1)  # a long match, waiting
+    sched = engine.scheduler
+    sched.running.remove(victim)  # what _reserve does when the pool runs dry
+    sched._preempt(victim)
+    out = engine.step()
+    assert [s.request for s in out.scheduled] == [victim]
 
 
 # ---- policy, one example each -----------------------------------------------------------------
