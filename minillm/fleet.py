@@ -149,18 +149,10 @@ def make_router(routing: RoutingName | Router, load_bound: float) -> Router:
                      f"(spec, replicas) -> replica index, got {routing!r}")
 
 
-@dataclass(frozen=True)
-class ReplicaResult:
-    """One replica's share of a fleet run: its requests (in workload order), counters, steps."""
+class HitRates:
+    """hit_rate and token_hit_rate of whatever `stats` (LLM.stats()-style counters) holds."""
 
-    index: int
-    outputs: list[RequestOutput]
     stats: dict[str, int]
-    trace: list[StepRecord]
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.outputs)
 
     @property
     def hit_rate(self) -> float:
@@ -172,13 +164,27 @@ class ReplicaResult:
         """Prompt tokens whose K/V were reused / prompt tokens looked up."""
         return hit_rate(self.stats, "tokens")
 
+
+@dataclass(frozen=True)
+class ReplicaResult(HitRates):
+    """One replica's share of a fleet run: its requests (in workload order), counters, steps."""
+
+    index: int
+    outputs: list[RequestOutput]
+    stats: dict[str, int]
+    trace: list[StepRecord]
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.outputs)
+
     def summary(self, slo: dict[str, float] | None = None) -> Summary | None:
         """Latency and throughput over this replica's requests; None if it served none."""
         return summarize((o.metrics for o in self.outputs), slo) if self.outputs else None
 
 
 @dataclass(frozen=True)
-class FleetResult:
+class FleetResult(HitRates):
     """A fleet run: outputs in workload order, which replica served each, and each replica's
     results; times on the virtual clock (s), wall_time on this machine (s)."""
 
@@ -195,16 +201,6 @@ class FleetResult:
     def stats(self) -> dict[str, int]:
         """The replicas' counters (LLM.stats()'s), summed over the fleet."""
         return {key: sum(r.stats[key] for r in self.replicas) for key in self.replicas[0].stats}
-
-    @property
-    def hit_rate(self) -> float:
-        """Prefix-cache hits / queried blocks over the whole fleet."""
-        return hit_rate(self.stats)
-
-    @property
-    def token_hit_rate(self) -> float:
-        """Reused prompt tokens / prompt tokens looked up, over the whole fleet."""
-        return hit_rate(self.stats, "tokens")
 
     def summary(self, slo: dict[str, float] | None = None) -> Summary:
         """minillm.metrics.summarize over every request of the fleet."""
