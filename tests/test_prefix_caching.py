@@ -13,6 +13,7 @@ import random
 import pytest
 
 from minillm import LLM, SamplingParams
+from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.simulator import simulate
 from minillm.workload import RequestSpec
@@ -137,7 +138,6 @@ def test_each_step_records_the_cache_and_its_evictions(design: str) -> None:
             if table is not None and design == "radix":  # a path from the root: its first blocks
                 blocks = [b for node in snap.nodes if node.node_id in held for b in node.block_ids]
                 assert sorted(blocks) == sorted(table[:len(blocks)])
-    assert make_llm(None, num_kv_blocks=8).engine.block_manager.radix is None
 
 
 def test_without_caching_steps_record_no_cache() -> None:
@@ -160,3 +160,24 @@ def test_the_simulator_reports_the_same_counters_and_snapshots(design: str) -> N
     assert "prefix_cache_evictions" in stats
     assert all(r.prefix_cache is not None and r.prefix_cache.design == design
                for r in result.trace)
+
+
+# ---- settings ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"enable_prefix_caching": True, "prefix_caching": "tree"}, "'hash' or 'radix'"),
+    ({"enable_prefix_caching": True, "scheduling_policy": "sjf"}, "'fcfs' or 'lpm'"),
+    ({"prefix_caching": "radix"}, "enable_prefix_caching=True"),
+    ({"scheduling_policy": "lpm"}, "enable_prefix_caching=True"),
+])
+def test_bad_cache_settings_are_refused_with_what_to_do(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**kwargs)
+
+
+def test_the_design_and_policy_reach_the_engine() -> None:
+    llm = make_llm("radix", num_kv_blocks=8, scheduling_policy="lpm")
+    assert llm.config.prefix_caching == "radix" and llm.config.scheduling_policy == "lpm"
+    assert llm.engine.block_manager.radix is not None
+    assert make_llm("hash", num_kv_blocks=8).engine.block_manager.radix is None
