@@ -33,7 +33,8 @@ Module map (one concept each):
     serving_result.py  a serving run's report: per-request records, vLLM's figures and JSON
     serve/           minillm serve (OpenAI-compatible HTTP server) and the benchmark client
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
-    fleet.py         N simulated replicas behind a router (round robin, prefix-aware, yours)
+    fleet.py         N simulated replicas behind a router on one virtual clock: simulate_fleet()
+    router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     calibration.py   fit the simulator's step overheads to this machine and report its error
     real_run.py      a workload served on the real engine in real time (wall or CPU clock)
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
