@@ -209,8 +209,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         if self.radix is not None:
-            self._insert_radix(req)
-            return
+            return self._insert_radix(req)
         P, table = self.block_size, req.block_table
         num_full = min(req.num_computed_tokens // P, len(table))
         first = num_full
@@ -244,7 +243,11 @@ class BlockManager:
 
     def _take_free_block(self) -> int:
         if self.radix is not None and next(iter(self.free_blocks)) in self.cached_free:
-            self._evict_radix_leaf()  # no plain free block is left
+            evicted = self.radix.evict_leaf()  # no plain free block is left: drop the LRU leaf
+            for block_id in evicted:
+                del self.cached_free[block_id]
+                self.free_blocks.move_to_end(block_id, last=False)
+            self._count_eviction(evicted)
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: the block is about to hold other tokens
@@ -255,14 +258,6 @@ class BlockManager:
             block.hash, block.token_ids = None, ()
         block.ref_count = 1
         return block_id
-
-    def _evict_radix_leaf(self) -> None:
-        assert self.radix is not None
-        evicted = self.radix.evict_leaf()
-        for block_id in evicted:
-            del self.cached_free[block_id]
-            self.free_blocks.move_to_end(block_id, last=False)
-        self._count_eviction(evicted)
 
     def _count_eviction(self, block_ids: list[int]) -> None:
         self.prefix_cache_evictions += len(block_ids)
@@ -280,8 +275,7 @@ class BlockManager:
         """The prefix cache as minillm.trace.PrefixCacheSnapshot, with the requests holding it.
 
         O(cached blocks + running requests' blocks): only for traced steps."""
-        if self.radix is not None:
-            radix = self.radix
+        if (radix := self.radix) is not None:
             holders = {r.request_id: tuple(n.node_id for n in radix.held_path(r.request_id))
                        for r in running}
             return PrefixCacheSnapshot("radix", radix.cache_nodes(), holders, tuple(evicted))
