@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,6 +85,7 @@ class Scheduler:
         self._arrival: dict[Request, int] = {}
         self._overtaken: dict[Request, int] = {}
         self._resuming: set[Request] = set()
+        self._in_arrival_order = True
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
@@ -178,19 +180,38 @@ class Scheduler:
         (ties by arrival). Past LPM_MAX_WAITING requests: preempted first, then by arrival."""
         if self.config.scheduling_policy != "lpm" or len(self.waiting) < 2:
             return
-        match_prefixes = len(self.waiting) <= LPM_MAX_WAITING
-        match_prefix = self.block_manager.match_prefix
+        arrival, match_prefix = self._arrival, self.block_manager.match_prefix
+        if len(self.waiting) > LPM_MAX_WAITING:  # too long to match every request: FCFS
+            if not self._in_arrival_order:  # new arrivals append, so one sort keeps it so
+                self._sort_waiting(lambda req: (1, arrival[req]))
+                self._in_arrival_order = True
+            return
 
-        def key(item: tuple[int, Request]) -> tuple[int, int, int]:
-            index, req = item
-            if req in self._resuming:
-                return (0, index, 0)
-            arrival = self._arrival[req]
-            if not match_prefixes or self._overtaken.get(req, 0) >= LPM_MAX_OVERTAKES:
-                return (1, arrival, 0)
-            return (2, -len(match_prefix(req.token_ids).block_ids), arrival)
+        def longest_match_first(req: Request) -> tuple[int, int]:
+            if self._overtaken.get(req, 0) >= LPM_MAX_OVERTAKES:
+                return (1, arrival[req])
+            return (2, -len(match_prefix(req.token_ids).block_ids), arrival[req])
 
-        self.waiting = deque(req for _, req in sorted(enumerate(self.waiting), key=key))
+        self._sort_waiting(longest_match_first)
+        self._in_arrival_order = False
+
+    def _sort_waiting(self, key: Callable[[Request], tuple[int, ...]]) -> None:
+        """Sort the queue in place by key, preempted requests first in the order they are in."""
+        ordered = sorted(enumerate(self.waiting), key=lambda item: (
+            (0, item[0]) if item[1] in self._resuming else key(item[1])))
+        self.waiting.clear()
+        self.waiting.extend(req for _, req in ordered)
+
+    def _count_overtakes(self, admitted: Request) -> None:
+        """Under LPM, every waiting request that arrived before the admitted one was overtaken
+        (a preempted request has no arrival number: it overtakes no one and is never passed)."""
+        arrival = self._arrival.get(admitted)
+        if (self.config.scheduling_policy != "lpm" or arrival is None
+                or len(self.waiting) > LPM_MAX_WAITING):
+            return
+        for req in self.waiting:
+            if self._arrival.get(req, arrival) < arrival:
+                self._overtaken[req] = self._overtaken.get(req, 0) + 1
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         if budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -218,11 +239,7 @@ class Scheduler:
 
     def _start(self, req: Request, num_cached_tokens: int) -> None:
         self.waiting.popleft()
-        if self.config.scheduling_policy == "lpm" and len(self.waiting) <= LPM_MAX_WAITING:
-            arrival = self._arrival.get(req)  # None: a preempted request, which overtakes no one
-            for other in self.waiting if arrival is not None else ():
-                if other in self._arrival and self._arrival[other] < arrival:
-                    self._overtaken[other] = self._overtaken.get(other, 0) + 1
+        self._count_overtakes(req)
         self._forget(req)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_cached_tokens
