@@ -98,6 +98,10 @@ class BlockManager:
         self.prefix_cache_hit_tokens = 0  # of those, tokens whose K/V were reused
         self.prefix_cache_evictions = 0  # cached blocks thrown away to make room
         self.evicted: list[int] = []  # their ids since the engine last took them (take_evicted)
+        # The last snapshot's nodes, reused until a match, insert, free or eviction changes them
+        # (a decode step usually changes none): a traced step then costs O(running requests).
+        self._nodes: tuple[CacheNode, ...] | None = None
+        self._node_ids: set[int] = set()
 
     @property
     def num_blocks(self) -> int:
@@ -178,6 +182,7 @@ class BlockManager:
         return True
 
     def _count_lookup(self, req: Request, match: PrefixMatch) -> None:
+        self._nodes = None
         self.prefix_cache_queries += match.num_queried
         self.prefix_cache_hits += len(match.block_ids)
         if self.enable_prefix_caching:
@@ -189,6 +194,7 @@ class BlockManager:
         outlives the tails that are less likely to be asked for again."""
         if self.radix is not None:
             self.radix.release(req.request_id, self.step)
+        self._nodes = None
         for block_id in reversed(req.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -217,6 +223,7 @@ class BlockManager:
             first -= 1  # full blocks get hashed in order, so the unhashed ones are a suffix
         parent = self.blocks[table[first - 1]].hash if first > 0 else b""
         for i in range(first, num_full):
+            self._nodes = None
             block = self.blocks[table[i]]
             block.token_ids = tuple(req.token_ids[i * P:(i + 1) * P])
             block.parent_hash, block.last_used = parent, self.step
@@ -230,8 +237,11 @@ class BlockManager:
         assert self.radix is not None
         table = req.block_table
         num_full = min(req.num_computed_tokens // self.block_size, len(table))
-        for index, tree_block in self.radix.insert(req.request_id, req.token_ids, table,
-                                                   num_full, self.step):
+        num_cached = len(self.radix.block_node)
+        swaps = self.radix.insert(req.request_id, req.token_ids, table, num_full, self.step)
+        if swaps or len(self.radix.block_node) != num_cached:
+            self._nodes = None
+        for index, tree_block in swaps:
             copy = self.blocks[table[index]]
             self.blocks[tree_block].ref_count += 1
             self.free_blocks.pop(tree_block, None)
@@ -260,6 +270,7 @@ class BlockManager:
         return block_id
 
     def _count_eviction(self, block_ids: list[int]) -> None:
+        self._nodes = None
         self.prefix_cache_evictions += len(block_ids)
         self.evicted.extend(block_ids)
 
@@ -275,12 +286,15 @@ class BlockManager:
         """The prefix cache as minillm.trace.PrefixCacheSnapshot, with the requests holding it.
 
         O(cached blocks + running requests' blocks): only for traced steps."""
+        if self._nodes is None:
+            self._nodes = (self.radix.cache_nodes() if self.radix is not None
+                           else self._hash_chain_nodes())
+            self._node_ids = {n.node_id for n in self._nodes}
+        nodes, ids = self._nodes, self._node_ids
         if (radix := self.radix) is not None:
             holders = {r.request_id: tuple(n.node_id for n in radix.held_path(r.request_id))
                        for r in running}
-            return PrefixCacheSnapshot("radix", radix.cache_nodes(), holders, tuple(evicted))
-        nodes = self._hash_chain_nodes()
-        ids = {n.node_id for n in nodes}
+            return PrefixCacheSnapshot("radix", nodes, holders, tuple(evicted))
         holders = {r.request_id: tuple(b for b in r.block_table if b in ids) for r in running}
         return PrefixCacheSnapshot("hash", nodes, holders, tuple(evicted))
 

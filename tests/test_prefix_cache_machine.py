@@ -168,6 +168,17 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert bm.num_cached_free_blocks == len(cached_free)
 
     @invariant()
+    def the_reused_snapshot_equals_a_fresh_one(self) -> None:
+        snapshot = self.bm.snapshot(self.running)  # nodes kept from the last change
+        self.bm._nodes = None
+        assert snapshot == self.bm.snapshot(self.running)
+        seen: set[int] = set()
+        for node in snapshot.nodes:  # parents first
+            assert node.parent is None or node.parent in seen
+            seen.add(node.node_id)
+            assert node.ref_count == self.bm.blocks[node.block_ids[0]].ref_count
+
+    @invariant()
     def running_requests_read_only_their_own_prefixes(self) -> None:
         for req in self.running:
             ids = prefixes(req.token_ids)
