@@ -102,6 +102,7 @@ class BlockManager:
         # (a decode step usually changes none): a traced step then costs O(running requests).
         self._nodes: tuple[CacheNode, ...] | None = None
         self._node_ids: set[int] = set()
+        self._node_memo: dict[int, CacheNode] = {}  # hash design: block id -> its last node
 
     @property
     def num_blocks(self) -> int:
@@ -306,12 +307,19 @@ class BlockManager:
         children: dict[bytes, list[int]] = {}
         for block_id in self.cached.values():
             children.setdefault(self.blocks[block_id].parent_hash, []).append(block_id)
-        nodes, stack = [], [(b"", None)]
+        nodes, stack, memo = [], [(b"", None)], self._node_memo
         while stack:
             parent_hash, parent_id = stack.pop()
             for block_id in children.get(parent_hash, []):
-                block = self.blocks[block_id]
-                nodes.append(CacheNode(block_id, parent_id, (block_id,), self.block_size,
-                                       block.ref_count, block.last_used))
+                block, node = self.blocks[block_id], memo.get(block_id)
+                # Most nodes are as they were: reuse them (building a frozen one costs ~3 us).
+                if node is None or (node.parent, node.ref_count, node.last_used) != (
+                        parent_id, block.ref_count, block.last_used):
+                    node = memo[block_id] = CacheNode(block_id, parent_id, (block_id,),
+                                                      self.block_size, block.ref_count,
+                                                      block.last_used)
+                nodes.append(node)
                 stack.append((block.hash, block_id))
+        if len(memo) > 2 * len(nodes) + 64:  # forget evicted blocks' nodes now and then
+            self._node_memo = {n.node_id: n for n in nodes}
         return tuple(nodes)

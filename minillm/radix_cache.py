@@ -62,6 +62,7 @@ class RadixCache:
         self._ticks = itertools.count(1)
         self._entries = itertools.count()
         self._heap: list[tuple[int, int, RadixNode]] = []  # (tick, entry id, leaf)
+        self._snapshot_memo: dict[int, CacheNode] = {}  # node id -> its last CacheNode
 
     def is_cached(self, block_id: int) -> bool:
         return block_id in self.block_node
@@ -196,11 +197,19 @@ class RadixCache:
 
     def cache_nodes(self) -> tuple[CacheNode, ...]:
         """The tree as minillm.trace.CacheNode records, for StepRecord.prefix_cache."""
-        root = self.root
-        return tuple(CacheNode(n.node_id, None if n.parent is root or n.parent is None
-                               else n.parent.node_id, tuple(n.block_ids),
-                               len(n.token_ids), n.ref_count, n.last_used)
-                     for n in self.nodes())
+        out, memo = [], self._snapshot_memo
+        for n in self.nodes():
+            parent = None if n.parent is self.root or n.parent is None else n.parent.node_id
+            old = memo.get(n.node_id)
+            # A run only grows or splits (then its length changes): reuse unchanged records.
+            if old is None or (old.parent, old.ref_count, old.last_used, len(old.block_ids)) != (
+                    parent, n.ref_count, n.last_used, len(n.block_ids)):
+                old = memo[n.node_id] = CacheNode(n.node_id, parent, tuple(n.block_ids),
+                                                  len(n.token_ids), n.ref_count, n.last_used)
+            out.append(old)
+        if len(memo) > 2 * len(out) + 64:  # forget evicted nodes now and then
+            self._snapshot_memo = {c.node_id: c for c in out}
+        return tuple(out)
 
     # ---- helpers -----------------------------------------------------------------------------
 

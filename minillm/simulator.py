@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minillm import models, roofline, sizing
-from minillm.config import EngineConfig
+from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.kv_cache import BlockManager, kv_cache_block_bytes
 from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
@@ -83,7 +83,9 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     step_time: the cost model that prices each step, called as roofline.step_time is (swap in
     your own to see what it does to TTFT and TPOT).
     record_block_tables=False leaves StepRecord.block_tables and cached_blocks empty, which saves
-    time and memory on runs of thousands of requests.
+    time and memory on runs of thousands of requests. With prefix caching, StepRecord.prefix_cache
+    is recorded too, for pools up to TRACE_BLOCKS_MAX_POOL blocks (the engine's default rule): a
+    snapshot of a GPU-sized cache every step would cost more than the simulation.
     """
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
@@ -260,7 +262,8 @@ class Simulator:
             finished=[r.request_id for r in finished],
             cached_blocks=bm.cached_free_blocks() if self.record_block_tables else [],
             prefix_cache=bm.snapshot(self.scheduler.running, evicted)
-            if self.record_block_tables and bm.enable_prefix_caching else None))
+            if self.record_block_tables and bm.enable_prefix_caching
+            and bm.num_blocks <= TRACE_BLOCKS_MAX_POOL else None))
 
     def _append_token(self, req: Request, now: float) -> bool:
         """Append a fake token produced at now; True if req is done (finished and freed)."""

@@ -170,7 +170,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def the_reused_snapshot_equals_a_fresh_one(self) -> None:
         snapshot = self.bm.snapshot(self.running)  # nodes kept from the last change
-        self.bm._nodes = None
+        self.bm._nodes, self.bm._node_memo = None, {}  # and records kept from earlier builds
+        if self.bm.radix is not None:
+            self.bm.radix._snapshot_memo = {}
         assert snapshot == self.bm.snapshot(self.running)
         seen: set[int] = set()
         for node in snapshot.nodes:  # parents first
