@@ -348,3 +348,16 @@ def test_console_script_reports_a_missing_model(tmp_path):
 def test_the_shipped_chat_template_is_the_training_scripts(llm):
     from minillm.train.card import CHAT_TEMPLATE
     assert llm.tokenizer.chat_template == CHAT_TEMPLATE  # a retrained model keeps it
+
+
+def test_console_script_passes_the_prefix_cache_flags_to_the_engine(monkeypatch):
+    import uvicorn
+
+    from minillm.cli import main
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    assert main(["serve", "--device", "cpu", "--port", "0", "--enable-prefix-caching",
+                 "--prefix-caching", "radix", "--scheduling-policy", "lpm"]) == 0
+    config = served["app"].state.server.llm.config
+    assert (config.enable_prefix_caching, config.prefix_caching,
+            config.scheduling_policy) == (True, "radix", "lpm")

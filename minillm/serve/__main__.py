@@ -2,6 +2,8 @@
 
 Engine flags use vLLM's names, so a vLLM launch line carries over: --max-num-seqs,
 --max-num-batched-tokens, --enable-prefix-caching, --block-size, --max-model-len, ...
+--scheduling-policy takes vLLM's fcfs or SGLang's lpm; --prefix-caching picks vLLM's hash chain
+or SGLang's radix tree.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=False)
+    parser.add_argument("--prefix-caching", choices=["hash", "radix"], default="hash",
+                        help="how the prefix cache finds blocks: vLLM's chain of block hashes "
+                             "or SGLang's radix tree (with --enable-prefix-caching)")
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "lpm"], default="fcfs",
+                        help="admission order: arrival, or SGLang's longest cached prefix first")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                         default=True)
     parser.add_argument("--enforce-eager", action="store_true",
@@ -59,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                   num_kv_blocks=args.num_gpu_blocks_override,
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   enable_prefix_caching=args.enable_prefix_caching,
+                  prefix_caching=args.prefix_caching, scheduling_policy=args.scheduling_policy,
                   enable_chunked_prefill=args.enable_chunked_prefill,
                   enable_cuda_graphs=not args.enforce_eager, seed=args.seed,
                   max_trace_steps=10_000)  # a server runs for days: keep the recent steps
