@@ -10,7 +10,8 @@ last owner frees them, until the pool needs the space. Two designs find them:
   its tokens chained with the hash of the block before it; the least recently freed block is
   reused first, cached or not.
 - "radix" (SGLang's RadixAttention, minillm.radix_cache): a tree of block runs keyed by tokens;
-  plain free blocks are used first, then the least recently used leaf nobody holds is evicted.
+  plain free blocks are used first, then the least recently used leaf nobody holds gives up
+  its last block.
 """
 
 from __future__ import annotations
@@ -254,11 +255,10 @@ class BlockManager:
 
     def _take_free_block(self) -> int:
         if self.radix is not None and next(iter(self.free_blocks)) in self.cached_free:
-            evicted = self.radix.evict_leaf()  # no plain free block is left: drop the LRU leaf
-            for block_id in evicted:
-                del self.cached_free[block_id]
-                self.free_blocks.move_to_end(block_id, last=False)
-            self._count_eviction(evicted)
+            evicted = self.radix.evict()  # no plain free block is left: trim the LRU leaf
+            del self.cached_free[evicted]
+            self.free_blocks.move_to_end(evicted, last=False)
+            self._count_eviction([evicted])
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: the block is about to hold other tokens

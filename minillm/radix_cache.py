@@ -8,9 +8,9 @@ request extends it alone, and splits at a block boundary when a match or an inse
 Reference counts say which nodes running requests hold. A request holds a whole path from the
 root (the blocks at the start of its block table), so a node's count is at least its children's,
 and a node nobody holds has a subtree nobody holds. Eviction takes the least recently used leaf
-that nobody holds, never an inner node: its children would become unreachable. Leaves become
-evictable one at a time, so a heap of them (stale entries skipped) finds the next victim in
-O(log n) and nothing ever scans the tree.
+that nobody holds, a block at a time from its end, never an inner node: its children would
+become unreachable. Leaves become evictable one at a time, so a heap of them (stale entries
+skipped) finds the next victim in O(log n) and nothing ever scans the tree.
 
 The tree stores block ids only; minillm.kv_cache.BlockManager keeps the pool, the free list and
 the blocks' own reference counts, which equal their nodes' counts.
@@ -155,24 +155,30 @@ class RadixCache:
 
     # ---- eviction ----------------------------------------------------------------------------
 
-    def evict_leaf(self) -> list[int]:
-        """Drop the least recently used leaf nobody holds; return its blocks (now plain free).
+    def evict(self) -> int:
+        """Free one block: the last block of the least recently used leaf that nobody holds.
 
-        Raises RuntimeError if there is none: the caller must only ask when a cached block is
-        free, and then a leaf of its unheld subtree is evictable."""
+        A leaf shrinks from its end (its deepest, least shared block goes first) and leaves the
+        tree when it is empty, after which its parent may be an evictable leaf. Raises
+        RuntimeError if no leaf is evictable: the caller asks only when a cached block is free,
+        and then a leaf of the unheld subtree holding it is."""
         while self._heap:
             _, entry, node = heapq.heappop(self._heap)
             if entry != node.heap_entry or not self.is_evictable(node):
                 continue  # stale: the node was used, grew a child or went since it was pushed
+            block_id = node.block_ids.pop()
+            del self.block_node[block_id]
+            if node.block_ids:  # still an unheld leaf, as recently used as before
+                node.token_ids, node.end = node.token_ids[:-self.block_size], node.end - 1
+                self._push(node)
+                return block_id
             parent = node.parent
             assert parent is not None
             del parent.children[node.token_ids[:self.block_size]]
-            for b in node.block_ids:
-                del self.block_node[b]
             node.alive = False
             if parent is not self.root and parent.ref_count == 0 and not parent.children:
                 self._push(parent)
-            return node.block_ids
+            return block_id
         raise RuntimeError("no radix-tree leaf can be evicted: every cached block is held")
 
     def is_evictable(self, node: RadixNode) -> bool:

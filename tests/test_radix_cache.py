@@ -168,9 +168,31 @@ def test_plain_free_blocks_go_before_any_cached_block_is_evicted() -> None:
     c = make_request([7, 7, 7, 7, 7, 7, 7, 7, 7], "c")
     assert bm.allocate(c, 8)
     assert bm.prefix_cache_evictions == 0 and bm.match_prefix([1, 2, 3, 4, 0]).block_ids == cached
-    assert bm.allocate(c, 9)  # the fifth block: now the cached leaf must go, both its blocks
-    assert bm.prefix_cache_evictions == 2 and bm.take_evicted() == cached
-    assert bm.match_prefix([1, 2, 3, 4, 0]).block_ids == [] and bm.take_evicted() == []
+    assert bm.allocate(c, 9)  # the fifth block: now the cached leaf gives up its last block
+    assert bm.prefix_cache_evictions == 1 and bm.take_evicted() == cached[1:]
+    assert bm.match_prefix([1, 2, 3, 4, 0]).block_ids == cached[:1]  # its head is still cached
+    assert bm.take_evicted() == []
+
+
+def test_a_leaf_is_evicted_from_its_end_and_keeps_its_place_in_the_lru_order() -> None:
+    bm = radix_manager(8)
+    a, b = make_request([1, 2, 3, 4, 5, 6, 0], "a"), make_request([7, 7, 8, 8, 0], "b")
+    bm.step = 0
+    admit(bm, a)  # a leaf of three blocks
+    admit(bm, b)  # a leaf of two
+    a_blocks, b_blocks = a.block_table[:3], b.block_table[:2]
+    bm.step = 1
+    bm.free(a)  # a's leaf is the least recently used
+    bm.step = 2
+    bm.free(b)
+    filler = make_request([9] * 16, "filler")
+    assert bm.allocate(filler, 6)  # the three plain blocks
+    evicted = []
+    for num_tokens in range(8, 17, 2):
+        assert bm.allocate(filler, num_tokens)
+        evicted += bm.take_evicted()
+    assert evicted == a_blocks[::-1] + b_blocks[::-1]
+    assert tree(bm).nodes() == [] and bm.num_cached_free_blocks == 0
 
 
 def test_eviction_takes_the_least_recently_used_leaf_never_an_inner_node() -> None:
@@ -209,10 +231,13 @@ def test_a_held_node_is_never_evicted_and_allocation_waits_instead() -> None:
     assert bm.match_prefix(a.token_ids).block_ids == a.block_table[:2]
 
 
-def test_evict_leaf_with_nothing_unheld_raises() -> None:
+def test_evict_with_nothing_unheld_raises() -> None:
     cache = RadixCache(block_size=2)
     with pytest.raises(RuntimeError, match="held"):
-        cache.evict_leaf()
+        cache.evict()
+    cache.insert("a", [1, 2], [0], 1, step=0)
+    with pytest.raises(RuntimeError, match="held"):
+        cache.evict()
 
 
 def test_a_node_released_and_reused_is_evicted_once_by_its_latest_use() -> None:
@@ -223,11 +248,11 @@ def test_a_node_released_and_reused_is_evicted_once_by_its_latest_use() -> None:
     cache.acquire("c", [10], step=3)  # splits [1, 2]; [1] held again
     cache.release("b", step=4)
     cache.release("c", step=5)
-    order = [cache.evict_leaf(), cache.evict_leaf(), cache.evict_leaf()]
-    assert order == [[11], [12], [10]]  # [2] (step 2), [3] (step 4), then [1] once a leaf
+    order = [cache.evict(), cache.evict(), cache.evict()]
+    assert order == [11, 12, 10]  # [2] (step 2), [3] (step 4), then [1] once a leaf
     assert cache.nodes() == [] and cache.block_node == {}
     with pytest.raises(RuntimeError):
-        cache.evict_leaf()
+        cache.evict()
 
 
 def test_acquiring_twice_without_a_release_is_refused() -> None:
