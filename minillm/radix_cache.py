@@ -41,7 +41,7 @@ class RadixNode:
     ref_count: int = 0  # running requests whose path goes through this node
     last_used: int = 0  # the engine step that last matched, inserted or released it
     tick: int = 0  # the same, as a strict order within a step (LRU ties)
-    heap_entry: int = -1  # the id of its current entry in the eviction heap, if any
+    heap_entry: int | None = None  # the id of its current entry in the eviction heap
     alive: bool = True
 
     @property
@@ -55,10 +55,10 @@ class RadixCache:
 
     def __init__(self, block_size: int):
         self.block_size = block_size
-        self.root = RadixNode(node_id=-1, parent=None, token_ids=(), block_ids=[], end=0)
+        self._node_ids = itertools.count()
+        self.root = RadixNode(next(self._node_ids), parent=None, token_ids=(), block_ids=[], end=0)
         self.block_node: dict[int, RadixNode] = {}  # cached block id -> the node holding it
         self.holders: dict[str, RadixNode] = {}  # request id -> the deepest node it holds
-        self._node_ids = itertools.count()
         self._ticks = itertools.count(1)
         self._entries = itertools.count()
         self._heap: list[tuple[int, int, RadixNode]] = []  # (tick, entry id, leaf)
