@@ -158,6 +158,7 @@ def test_chat_uses_the_play_template(client, server, llm):
 
 def test_models_health_and_metric_names(client, server):
     assert [m.id for m in client.models.list().data] == ["tiny-shakespeare"]
+    client.completions.create(model=server.model_name, prompt="ROMEO.", max_tokens=2)
     assert urllib.request.urlopen(server.url + "/health").status == 200
     text = urllib.request.urlopen(server.url + "/metrics").read().decode()
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -361,3 +362,24 @@ def test_console_script_passes_the_prefix_cache_flags_to_the_engine(monkeypatch)
     config = served["app"].state.server.llm.config
     assert (config.enable_prefix_caching, config.prefix_caching,
             config.scheduling_policy) == (True, "radix", "lpm")
+
+
+def test_prefix_cache_counters_count_tokens_as_vllm_does():
+    # vLLM's prefix_cache_queries / _hits count tokens: here a 40-token prompt sent twice with
+    # 16-token blocks looks up 39 tokens each time (one is always computed) and reuses 32 the
+    # second time (two whole blocks).
+    from minillm.serve.prometheus import ServerMetrics
+
+    llm = LLM(device="cpu", enable_prefix_caching=True, prefix_caching="radix", block_size=16)
+    metrics = ServerMetrics(llm.engine, "m")
+    prompt = list(range(1, 41))
+    for _ in range(2):
+        llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+        metrics.refresh()
+    text = metrics.exposition().decode()
+
+    def value(name):
+        return float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
+
+    assert value("vllm:prefix_cache_queries_total") == 78
+    assert value("vllm:prefix_cache_hits_total") == 32

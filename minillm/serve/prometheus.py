@@ -43,9 +43,9 @@ class ServerMetrics:
         self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc",
                              "Fraction of KV-cache blocks in use (1 = full).")
         self.prefix_queries = make(Counter, "vllm:prefix_cache_queries",
-                                   "Prompt tokens looked up in the prefix cache (whole blocks).")
+                                   "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = make(Counter, "vllm:prefix_cache_hits",
-                                "Prompt tokens found in the prefix cache (whole blocks).")
+                                "Prompt tokens whose KV the prefix cache held.")
         self.preemptions = make(Counter, "vllm:num_preemptions",
                                 "Requests preempted (their KV freed, recomputed later).")
         self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Prompt tokens prefilled.")
@@ -64,14 +64,14 @@ class ServerMetrics:
 
     def refresh(self) -> None:
         """Gauges and counters from the engine's stats (counters advance by the difference)."""
-        stats, block_size = self.engine.stats(), self.engine.config.block_size
+        stats = self.engine.stats()
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         self.kv_usage.set(1.0 - stats["num_free_blocks"] / stats["num_blocks"])
-        for counter, key, scale in ((self.prefix_queries, "prefix_cache_queries", block_size),
-                                    (self.prefix_hits, "prefix_cache_hits", block_size),
-                                    (self.preemptions, "num_preemptions", 1)):
-            counter.inc(max(stats[key] - self._stats[key], 0) * scale)
+        for counter, key in ((self.prefix_queries, "prefix_cache_query_tokens"),
+                             (self.prefix_hits, "prefix_cache_hit_tokens"),
+                             (self.preemptions, "num_preemptions")):  # vLLM counts tokens too
+            counter.inc(max(stats[key] - self._stats[key], 0))
         self._stats = stats
 
     def on_step(self, outputs: list[RequestOutput]) -> None:
