@@ -8,6 +8,7 @@ only. The state machine in test_prefix_cache_machine.py checks them all together
 from __future__ import annotations
 
 import pytest
+from test_kv_cache import admit  # admission as the scheduler does it, for either design
 
 from minillm.kv_cache import BlockManager, PrefixMatch
 from minillm.radix_cache import RadixCache
@@ -24,15 +25,6 @@ def make_request(token_ids: list[int], name: str) -> Request:
 def radix_manager(num_blocks: int, block_size: int = 2) -> BlockManager:
     return BlockManager(num_blocks, block_size, enable_prefix_caching=True,
                         prefix_caching="radix")
-
-
-def admit(bm: BlockManager, req: Request) -> PrefixMatch:
-    """As the scheduler and engine do it: reuse the cached prefix, compute the rest, insert."""
-    match = bm.match_prefix(req.token_ids)
-    assert bm.allocate(req, req.num_tokens, match)
-    req.num_computed_tokens = req.num_tokens
-    bm.cache_full_blocks(req)
-    return match
 
 
 def tree(bm: BlockManager) -> RadixCache:
