@@ -8,7 +8,8 @@ from typing import Literal
 Scheduling = Literal["continuous", "static"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
 PrefixCaching = Literal["hash", "radix"]
-SchedulingPolicy = Literal["fcfs", "lpm"]
+SchedulingPolicy = Literal["fcfs", "priority", "lpm"]
+PreemptionMode = Literal["recompute", "swap"]
 # Above this many blocks a step's trace copy of the cached free blocks (up to the whole pool)
 # would rival the step itself; chapters' pools stay well under it (8,192 at most).
 TRACE_BLOCKS_MAX_POOL = 16_384
@@ -26,9 +27,18 @@ class EngineConfig:
     prefix_caching: how cached blocks are found and evicted: "hash" (vLLM's chain of block
         hashes, least recently freed block reused first) or "radix" (SGLang's RadixAttention
         tree, least recently used unheld leaf evicted); see minillm.kv_cache.
-    scheduling_policy: the order waiting requests are admitted in: "fcfs" (arrival) or "lpm"
-        (SGLang's longest prefix match: the longest cached prefix first, with a bound on how
-        long a request can be passed over; needs prefix caching). See minillm.scheduler.
+    scheduling_policy: the order waiting requests are admitted in: "fcfs" (arrival),
+        "priority" (each request's priority, lower first as in vLLM, ties by arrival; a waiting
+        request may preempt a running one of lower priority; waiting ages a request's priority
+        so nothing starves) or "lpm" (SGLang's longest prefix match: the longest cached prefix
+        first, with a bound on how long a request can be passed over; needs prefix caching).
+        See minillm.scheduler.
+    preemption_mode: what happens to a request preempted when the KV pool runs dry: "recompute"
+        (its blocks are freed; its K/V are computed again when it resumes) or "swap" (its
+        blocks are copied to a host pool of swap_space GiB and back when it resumes; when the
+        host pool is full it is recomputed instead). See minillm.swap.
+    swap_space: GiB of host memory for swapped-out KV blocks (vLLM's name and default); used
+        only with preemption_mode="swap".
     scheduling: "continuous" (iteration-level, Orca/vLLM) or "static" (run a batch to completion).
     num_kv_blocks: size of the KV pool in blocks; None sizes it from memory.
     max_model_len: longest sequence (prompt + output) in tokens; None takes the model's.
@@ -50,6 +60,8 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     prefix_caching: PrefixCaching = "hash"
     scheduling_policy: SchedulingPolicy = "fcfs"
+    preemption_mode: PreemptionMode = "recompute"
+    swap_space: float = 4.0
     scheduling: Scheduling = "continuous"
     attention_backend: AttentionBackendName = "auto"
     num_kv_blocks: int | None = None
@@ -74,6 +86,12 @@ class EngineConfig:
                 f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"
             )
         self._check_prefix_caching()
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', "
+                             f"got {self.preemption_mode!r}")
+        if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) \
+                or not 0 <= self.swap_space < float("inf"):
+            raise ValueError(f"swap_space must be a number of GiB >= 0, got {self.swap_space!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 "attention_backend must be 'auto', 'torch' or 'triton', "
@@ -109,9 +127,9 @@ class EngineConfig:
         if self.prefix_caching not in ("hash", "radix"):
             raise ValueError(
                 f"prefix_caching must be 'hash' or 'radix', got {self.prefix_caching!r}")
-        if self.scheduling_policy not in ("fcfs", "lpm"):
-            raise ValueError(
-                f"scheduling_policy must be 'fcfs' or 'lpm', got {self.scheduling_policy!r}")
+        if self.scheduling_policy not in ("fcfs", "priority", "lpm"):
+            raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'lpm', "
+                             f"got {self.scheduling_policy!r}")
         # Both would be silently ignored without a cache: a run meant to measure them would
         # measure nothing, so say so.
         if self.prefix_caching == "radix" and not self.enable_prefix_caching:

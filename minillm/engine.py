@@ -19,8 +19,9 @@ from minillm.model import LlamaForCausalLM
 from minillm.request import Request, RequestOutput
 from minillm.sampling import Sampler, SampleResult, SamplingParams
 from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.swap import KVSwapper, SwapSpace, num_swap_blocks
 from minillm.tokenizer import IncrementalDetokenizer
-from minillm.trace import ScheduledEntry, StepRecord
+from minillm.trace import StepRecord, step_record
 
 
 class Engine:
@@ -40,7 +41,14 @@ class Engine:
             mc.num_key_value_heads, mc.head_dim, model.lm_head.weight.dtype, self.device)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
+        # One block across all layers, K and V: what a swap moves per block.
+        self.block_bytes = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
+        self.swapper: KVSwapper | None = None
+        swap_space = None
+        if config.preemption_mode == "swap":
+            swap_space = SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
+            self.swapper = KVSwapper(self.kv_cache, swap_space.num_blocks)
+        self.scheduler = Scheduler(config, self.block_manager, swap_space)
         self.backend = get_backend(config.attention_backend, self.device)
         self.graph_runner: DecodeGraphRunner | None = None
         if (config.enable_cuda_graphs and self.device.type == "cuda"
@@ -75,15 +83,22 @@ class Engine:
     # ---- requests in -------------------------------------------------------------------------
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    priority: int = 0) -> str:
         """Validate and queue one request; nothing changes if it is rejected."""
-        req = self.make_request(prompt, params, request_id, arrival_time)
+        req = self.make_request(prompt, params, request_id, arrival_time, priority)
         self.enqueue(req)
         return req.request_id
 
     def make_request(self, prompt: str | list[int], params: SamplingParams,
-                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
-        """A validated Request, not yet queued. Raises ValueError naming any bad value."""
+                     request_id: str | None = None, arrival_time: float | None = None,
+                     priority: int = 0) -> Request:
+        """A validated Request, not yet queued. Raises ValueError naming any bad value.
+
+        priority: lower is served first under scheduling_policy="priority" (ignored otherwise).
+        """
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int (lower runs first), got {priority!r}")
         index = next(self._counter)
         request_id = str(index) if request_id is None else request_id
         if request_id in self.requests:
@@ -98,7 +113,8 @@ class Engine:
             generator = torch.Generator(self.device).manual_seed(seed)
         return Request(request_id, token_ids, params,
                        self.clock() if arrival_time is None else arrival_time,
-                       prompt=prompt if isinstance(prompt, str) else None, generator=generator)
+                       prompt=prompt if isinstance(prompt, str) else None, generator=generator,
+                       priority=priority)
 
     def enqueue(self, req: Request) -> None:
         self._check_thread()
@@ -162,6 +178,8 @@ class Engine:
         start = self.clock()
         self.block_manager.step = self.num_steps  # the prefix cache's LRU clock
         out = self.scheduler.schedule()
+        if self.swapper is not None:  # before the forward, which reads and overwrites them
+            self.swapper.copy(out.swap_out, out.swap_in)
         if not out.scheduled:
             if self.has_unfinished_requests() and not out.preempted:
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
@@ -235,32 +253,12 @@ class Engine:
     def _record(self, out: SchedulerOutput, start: float, end: float,
                 tables: dict[str, list[int]], finished: list[str]) -> None:
         """Append the step's StepRecord: O(scheduled requests), plus the block data if traced."""
-        entries = [ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
-                                  s.num_computed_tokens) for s in out.scheduled]
-        bm, limit = self.block_manager, self.config.max_trace_steps
-        evicted = bm.take_evicted()  # taken every step, traced or not, so it never piles up
-        self.trace.append(StepRecord(
-            step=self.num_steps, start=start, end=end, scheduled=entries,
-            num_free_blocks=bm.num_free_blocks, block_tables=tables,
-            preempted=[r.request_id for r in out.preempted], finished=finished,
-            cached_blocks=bm.cached_free_blocks() if self.trace_block_tables else [],
-            prefix_cache=bm.snapshot(self.scheduler.running, evicted)
-            if self.trace_block_tables and bm.enable_prefix_caching else None))
+        self.trace.append(step_record(self.num_steps, out, start, end, tables, finished,
+                                      self.scheduler, self.trace_block_tables))
         self.num_steps += 1
+        limit = self.config.max_trace_steps
         if limit is not None and len(self.trace) >= 2 * limit:
             del self.trace[:-limit]  # one cut per limit steps: O(1) a step on average
 
     def stats(self) -> dict[str, int]:
-        bm = self.block_manager
-        return {
-            "num_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free_blocks,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "prefix_cache_queries": bm.prefix_cache_queries,
-            "prefix_cache_hits": bm.prefix_cache_hits,
-            "prefix_cache_query_tokens": bm.prefix_cache_query_tokens,
-            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
-            "prefix_cache_evictions": bm.prefix_cache_evictions,
-            "num_waiting": len(self.scheduler.waiting),
-            "num_running": len(self.scheduler.running),
-        }
+        return self.scheduler.stats(self.block_bytes)

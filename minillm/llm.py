@@ -205,18 +205,17 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run prompts to completion, batched by the scheduler; outputs in prompt order."""
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None
+                 ) -> list[RequestOutput]:
+        """Run prompts to completion, batched by the scheduler; outputs in prompt order.
+
+        priority: one int per prompt, lower first, under scheduling_policy="priority"."""
         prompt_list = normalize_prompts(prompts)
-        if params is None or isinstance(params, SamplingParams):
-            param_list = [params or SamplingParams()] * len(prompt_list)
-        else:
-            param_list = list(params)
-            if len(param_list) != len(prompt_list):
-                raise ValueError(f"got {len(param_list)} SamplingParams for "
-                                 f"{len(prompt_list)} prompts")
+        param_list = per_prompt(params, prompt_list, "SamplingParams", SamplingParams())
+        priorities = per_prompt(priority, prompt_list, "priorities", 0)
         # Validate every request before queueing any, so a bad prompt leaves the engine as it was.
-        reqs = [self.engine.make_request(p, sp) for p, sp in zip(prompt_list, param_list)]
+        reqs = [self.engine.make_request(p, sp, priority=pr)
+                for p, sp, pr in zip(prompt_list, param_list, priorities)]
         return self._run(reqs, use_tqdm)
 
     def _run(self, reqs: list[Request], use_tqdm: bool) -> list[RequestOutput]:
@@ -237,13 +236,14 @@ class LLM:
                     self.engine.abort_request(request_id)
         return [RequestOutput.of(req) for req in reqs]
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+               priority: int = 0) -> Iterator[str]:
         """Yield the text as it is generated; the pieces join to generate's text.
 
         Text that could be the start of a stop string is held back until it is known not to be.
         """
         params = params or SamplingParams()
-        req = self.engine.make_request(prompt, params)
+        req = self.engine.make_request(prompt, params, priority=priority)
         self.engine.enqueue(req)
         holdback = max((len(s) for s in params.stop_strings), default=1) - 1
         sent = 0
@@ -259,8 +259,11 @@ class LLM:
                 self.engine.abort_request(req.request_id)
 
     def stats(self) -> dict[str, int]:
-        """Pool and scheduler counters: num_blocks, num_free_blocks, num_preemptions,
-        num_waiting, num_running, and the prefix cache's since the engine started:
+        """Pool and scheduler counters: num_blocks, num_free_blocks, num_waiting, num_running;
+        preemption's since the engine started: num_preemptions, num_recomputed_tokens (computed
+        tokens that recompute threw away), num_swap_outs and num_swap_ins (requests),
+        swap_out_bytes and swap_in_bytes (KV bytes copied), num_swapped (requests whose K/V
+        are in the host pool now); and the prefix cache's:
         prefix_cache_queries and prefix_cache_hits (full blocks looked up at admission, and
         found), prefix_cache_query_tokens and prefix_cache_hit_tokens (prompt tokens looked up,
         all but the last of each prompt, and those whose K/V were reused: whole blocks only),
@@ -271,6 +274,18 @@ class LLM:
     def trace(self) -> list[StepRecord]:
         """One StepRecord per engine step so far."""
         return self.engine.trace
+
+
+def per_prompt(value: object, prompts: list[Prompt], what: str, default: object) -> list:
+    """One value per prompt: the default, one value for all (not a sequence), or a sequence
+    exactly as long as the prompts."""
+    if value is None:
+        return [default] * len(prompts)
+    if not isinstance(value, (list, tuple)):
+        return [value] * len(prompts)
+    if len(value) != len(prompts):
+        raise ValueError(f"got {len(value)} {what} for {len(prompts)} prompts")
+    return list(value)
 
 
 def normalize_prompts(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

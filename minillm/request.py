@@ -17,6 +17,7 @@ FinishReason = Literal["length", "stop"]
 class RequestStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted by swap: waiting, its K/V in the host pool
     FINISHED = "finished"
 
 
@@ -25,7 +26,9 @@ class Request:
     """One prompt being served.
 
     token_ids holds the prompt followed by the output so far. num_computed_tokens counts the
-    tokens whose K and V are in the cache; the scheduler moves it forward, preemption resets it.
+    tokens whose K and V are in the cache; the scheduler moves it forward, preemption by
+    recompute resets it, preemption by swap keeps it (the K/V wait in host blocks, swap_blocks).
+    priority: lower is served first under scheduling_policy="priority" (vLLM's convention).
     """
 
     request_id: str
@@ -34,11 +37,13 @@ class Request:
     arrival_time: float
     prompt: str | None = None
     generator: torch.Generator | None = None
+    priority: int = 0
     token_ids: list[int] = field(init=False)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_prefill_tokens: int = 0  # tokens known at (re)admission: prefill runs until all are in
     block_table: list[int] = field(default_factory=list)
+    swap_blocks: list[int] = field(default_factory=list)  # host blocks while swapped out
     finish_reason: FinishReason | None = None
     output_logprobs: list[dict[int, float]] = field(default_factory=list)
     text: str = ""

@@ -36,8 +36,10 @@ from typing import Literal
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.request import Request, RequestStatus
+from minillm.swap import SwapSpace
 
 Phase = Literal["prefill", "decode"]
+WaitingCause = Literal["seats", "blocks", "budget", "batch"]
 
 # LPM sorts at most this many waiting requests a step (one prefix match each); beyond, FCFS.
 LPM_MAX_WAITING = 128
@@ -46,6 +48,10 @@ LPM_MAX_WAITING = 128
 # the server is full is overtaken by nobody and loses nothing. 32 is a batch or two of a
 # typical server: the extra wait is a few batches' prefill at most.
 LPM_MAX_OVERTAKES = 32
+# Under "priority", a request's value drops by one for every this many steps it has waited, so a
+# steady stream of urgent requests delays the rest but cannot starve them. 1,000 steps is 10-50
+# seconds of a busy GPU server: long enough that priorities mean what they say under a burst.
+PRIORITY_AGING_STEPS = 1000
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,18 @@ class ScheduledRequest:
 
 @dataclass
 class SchedulerOutput:
+    """A step's plan. swap_out: (device block, host block) copies to make before the step runs;
+    swap_in: (host block, device block) copies, made after those. waiting_cause: why the
+    requests left waiting were not admitted (None when none are left)."""
+
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    swapped_out: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    waiting_cause: WaitingCause | None = None
+    ran_dry: bool = False  # a running request found no block: the pool is full
 
     @property
     def num_tokens(self) -> int:
@@ -73,12 +89,19 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager,
+                 swap_space: SwapSpace | None = None):
+        """swap_space: the host pool under preemption_mode="swap" (None: recompute always)."""
         self.config = config
         self.block_manager = block_manager
+        self.swap_space = swap_space if config.preemption_mode == "swap" else None
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # in admission order: the newest is preempted first
+        # In admission order, or under "priority" by (rank, admission): the last one is the one
+        # preempted first, and it is never scheduled before the ones in front of it.
+        self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_recomputed_tokens = 0  # computed tokens thrown away by recompute preemptions
+        self.num_steps = 0  # schedule() calls: the clock that ages priorities
         # For LPM: each waiting request's arrival number and how often it was overtaken, and
         # the preempted requests, which keep their place at the front.
         self._arrivals = itertools.count()
@@ -86,29 +109,48 @@ class Scheduler:
         self._overtaken: dict[Request, int] = {}
         self._resuming: set[Request] = set()
         self._in_arrival_order = True
+        # For "priority": arrival number (kept until it finishes), steps waited before this
+        # wait, the step this wait began, and the rank each running request was admitted with.
+        self._seq: dict[Request, int] = {}
+        self._waited: dict[Request, int] = {}
+        self._queued_at: dict[Request, int] = {}
+        self._rank: dict[Request, int] = {}
+        self._host_blocks_to_free: list[int] = []  # swapped in last step: free from this one
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
         self._arrival[req] = next(self._arrivals)
+        self._seq[req] = self._arrival[req]
+        self._queued_at[req] = self.num_steps
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.swap_space is not None and self._host_blocks_to_free:
+            self.swap_space.free(self._host_blocks_to_free)  # their copies were made last step
+            self._host_blocks_to_free = []
         budget = self.config.max_num_batched_tokens
         if self.config.scheduling == "static":
             if not self.running:
-                self._admit_static_batch()
+                self._admit_static_batch(out)
+            elif self.waiting:
+                out.waiting_cause = "batch"
             self._schedule_running(out, budget)
         elif self.config.enable_chunked_prefill:
+            self._preempt_for_priority(out)
             budget = self._schedule_running(out, budget)
-            if not out.preempted:  # a pool that just ran dry admits nobody new
+            if out.ran_dry:  # a pool that just ran dry admits nobody new
+                out.waiting_cause = "blocks" if self.waiting else None
+            else:
                 self._admit(out, budget)
         else:
+            self._preempt_for_priority(out)
             self._admit(out, budget)
             if not out.scheduled:
                 self._schedule_running(out, budget)
+        self.num_steps += 1
         return out
 
     def finish(self, req: Request) -> None:
@@ -118,8 +160,14 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.block_manager.free(req)
+        if req.swap_blocks:  # aborted while swapped out
+            assert self.swap_space is not None
+            self.swap_space.free(req.swap_blocks)
+            req.swap_blocks = []
         req.status = RequestStatus.FINISHED
         self._forget(req)
+        for state in (self._seq, self._waited, self._queued_at, self._rank):
+            state.pop(req, None)
 
     def _forget(self, req: Request) -> None:
         self._arrival.pop(req, None)
@@ -157,28 +205,81 @@ class Scheduler:
         return budget
 
     def _reserve(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
-        """Blocks for num_tokens of req, preempting the newest requests until they fit."""
+        """Blocks for num_tokens of req, preempting from the back of running until they fit."""
         while not self.block_manager.allocate(req, num_tokens):
+            out.ran_dry = True
             victim = self.running.pop()
-            self._preempt(victim)
-            out.preempted.append(victim)
+            self._preempt(victim, out)
             if victim is req:
                 return False
         return True
 
-    def _preempt(self, req: Request) -> None:
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Send a running request back to the queue: its K/V swapped out, or dropped."""
+        out.preempted.append(req)
+        num_blocks = self.block_manager.num_blocks_for(req.num_computed_tokens)
+        host = (self.swap_space.allocate(num_blocks)
+                if self.swap_space is not None and num_blocks > 0 else None)
+        if host is not None:  # swap: the K/V survive in the host pool
+            assert self.swap_space is not None
+            out.swap_out.extend(zip(req.block_table[:num_blocks], host))
+            out.swapped_out.append(req)
+            self.swap_space.num_swap_outs += 1
+            self.swap_space.swap_out_blocks += num_blocks
+            req.swap_blocks, req.status = host, RequestStatus.SWAPPED
+        else:  # recompute (or the host pool is full)
+            self.num_recomputed_tokens += req.num_computed_tokens
+            req.num_computed_tokens, req.status = 0, RequestStatus.WAITING
         self.block_manager.free(req)
-        req.status = RequestStatus.WAITING
-        req.num_computed_tokens = 0
-        self.waiting.appendleft(req)
-        self._resuming.add(req)
+        self._waited[req] = self._waited.get(req, 0)
+        self._queued_at[req] = self.num_steps
+        self._rank.pop(req, None)
+        if self.config.scheduling_policy == "priority":
+            self.waiting.append(req)  # sorted into place by rank at the next admission
+        else:
+            self.waiting.appendleft(req)
+            self._resuming.add(req)
         self.num_preemptions += 1
 
+    def rank(self, req: Request) -> int:
+        """Under "priority": the request's priority less one per PRIORITY_AGING_STEPS waited."""
+        if req in self._rank:  # running: fixed at admission
+            return self._rank[req]
+        waited = self._waited.get(req, 0) + self.num_steps - self._queued_at.get(req, 0)
+        return req.priority - waited // PRIORITY_AGING_STEPS
+
+    def _preempt_for_priority(self, out: SchedulerOutput) -> None:
+        """Under "priority", preempt running requests of a worse rank than the first waiting
+        one until it has a seat and blocks for its first chunk."""
+        if self.config.scheduling_policy != "priority" or not self.waiting:
+            return
+        self._order_waiting()
+        head, bm = self.waiting[0], self.block_manager
+        rank = self.rank(head)
+        if head.swap_blocks:
+            prefix, need = [], head.num_computed_tokens + 1
+        else:
+            prefix = bm.match_prefix(head.token_ids).block_ids
+            num_cached = len(prefix) * bm.block_size
+            need = num_cached + min(head.num_tokens - num_cached,
+                                    self.config.max_num_batched_tokens)
+        while self.running and self._rank[self.running[-1]] > rank and (
+                len(self.running) >= self.config.max_num_seqs
+                or not bm.can_allocate(head, need, prefix)):
+            self._preempt(self.running.pop(), out)
+
     def _order_waiting(self) -> None:
-        """Under LPM, sort the queue: preempted requests first (in their order), then those
-        overtaken LPM_MAX_OVERTAKES times (by arrival), then the rest by longest cached prefix
-        (ties by arrival). Past LPM_MAX_WAITING requests: preempted first, then by arrival."""
-        if self.config.scheduling_policy != "lpm" or len(self.waiting) < 2:
+        """Under "priority", sort the queue by (rank, arrival). Under LPM: preempted requests
+        first (in their order), then those overtaken LPM_MAX_OVERTAKES times (by arrival), then
+        the rest by longest cached prefix (ties by arrival). Past LPM_MAX_WAITING requests:
+        preempted first, then by arrival."""
+        policy = self.config.scheduling_policy
+        if policy == "fcfs" or len(self.waiting) < 2:
+            return
+        if policy == "priority":
+            ordered = sorted(self.waiting, key=lambda req: (self.rank(req), self._seq[req]))
+            self.waiting.clear()
+            self.waiting.extend(ordered)
             return
         arrival, match_prefix = self._arrival, self.block_manager.match_prefix
         if len(self.waiting) > LPM_MAX_WAITING:  # too long to match every request: FCFS
@@ -214,34 +315,93 @@ class Scheduler:
                 self._overtaken[req] = self._overtaken.get(req, 0) + 1
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting requests in order while the step has budget, seats and blocks."""
         if budget > 0 and len(self.running) < self.config.max_num_seqs:
             self._order_waiting()
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
-            match = self.block_manager.match_prefix(req.token_ids)
-            num_cached = len(match.block_ids) * self.block_manager.block_size
-            num_new = self._prefill_chunk(req.num_tokens - num_cached, budget, not out.scheduled)
-            if num_new == 0 or not self.block_manager.allocate(req, num_cached + num_new, match):
+        while self.waiting:
+            if budget <= 0:
+                out.waiting_cause = "budget"
                 return
-            self._start(req, num_cached)
+            if len(self.running) >= self.config.max_num_seqs:
+                out.waiting_cause = "seats"
+                return
+            req = self.waiting[0]
+            if req.swap_blocks:  # its K/V wait in the host pool: no prefix to match
+                match, num_cached = None, req.num_computed_tokens
+            else:
+                match = self.block_manager.match_prefix(req.token_ids)
+                num_cached = len(match.block_ids) * self.block_manager.block_size
+            num_new = self._prefill_chunk(req.num_tokens - num_cached, budget, not out.scheduled)
+            if num_new == 0:
+                out.waiting_cause = "budget"
+                return
+            if not self.block_manager.allocate(req, num_cached + num_new, match):
+                out.waiting_cause = "blocks"
+                return
+            self._start(req, num_cached, out)
             out.add(req, num_new)
             budget -= num_new
 
-    def _admit_static_batch(self) -> None:
+    def _admit_static_batch(self, out: SchedulerOutput) -> None:
         """Seat a whole batch at once, each with blocks for its whole prompt."""
         self._order_waiting()
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
-            match = self.block_manager.match_prefix(req.token_ids)
-            if not self.block_manager.allocate(req, req.num_tokens, match):
+        while self.waiting:
+            if len(self.running) >= self.config.max_num_seqs:
+                out.waiting_cause = "seats"
                 return
-            self._start(req, len(match.block_ids) * self.block_manager.block_size)
+            req = self.waiting[0]
+            match = None if req.swap_blocks else self.block_manager.match_prefix(req.token_ids)
+            if not self.block_manager.allocate(req, req.num_tokens, match):
+                out.waiting_cause = "blocks"
+                return
+            num_cached = (req.num_computed_tokens if match is None
+                          else len(match.block_ids) * self.block_manager.block_size)
+            self._start(req, num_cached, out)
 
-    def _start(self, req: Request, num_cached_tokens: int) -> None:
+    def _start(self, req: Request, num_cached_tokens: int, out: SchedulerOutput) -> None:
+        """Move the head of the queue to running, its first num_cached_tokens already in the
+        cache (a prefix hit, or the K/V of a swapped request, copied back now)."""
         self.waiting.popleft()
         self._count_overtakes(req)
         self._forget(req)
+        if req.swap_blocks:  # copy its K/V back into the first blocks of its new table
+            assert self.swap_space is not None
+            out.swap_in.extend(zip(req.swap_blocks, req.block_table))
+            out.swapped_in.append(req)
+            self.swap_space.num_swap_ins += 1
+            self.swap_space.swap_in_blocks += len(req.swap_blocks)
+            self._host_blocks_to_free.extend(req.swap_blocks)
+            req.swap_blocks = []
+        else:
+            req.num_computed_tokens = num_cached_tokens
+            req.num_prefill_tokens = req.num_tokens
         req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_cached_tokens
-        req.num_prefill_tokens = req.num_tokens
-        self.running.append(req)
+        rank = self.rank(req) if self.config.scheduling_policy == "priority" else 0
+        self._waited[req] = self._waited.get(req, 0) + self.num_steps - self._queued_at[req]
+        self._rank[req] = rank
+        i = len(self.running)
+        while i > 0 and self._rank[self.running[i - 1]] > rank:
+            i -= 1  # behind every request of the same or a better rank
+        self.running.insert(i, req)
+
+    def stats(self, block_bytes: int) -> dict[str, int]:
+        """The counters LLM.stats() and the simulator report; block_bytes prices swap copies."""
+        bm, swap = self.block_manager, self.swap_space
+        return {
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_preemptions": self.num_preemptions,
+            "num_recomputed_tokens": self.num_recomputed_tokens,
+            "num_swap_outs": swap.num_swap_outs if swap else 0,
+            "num_swap_ins": swap.num_swap_ins if swap else 0,
+            "swap_out_bytes": swap.swap_out_blocks * block_bytes if swap else 0,
+            "swap_in_bytes": swap.swap_in_blocks * block_bytes if swap else 0,
+            "num_swapped": sum(1 for r in self.waiting if r.swap_blocks),
+            "prefix_cache_queries": bm.prefix_cache_queries,
+            "prefix_cache_hits": bm.prefix_cache_hits,
+            "prefix_cache_query_tokens": bm.prefix_cache_query_tokens,
+            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
+            "prefix_cache_evictions": bm.prefix_cache_evictions,
+            "num_waiting": len(self.waiting),
+            "num_running": len(self.running),
+        }

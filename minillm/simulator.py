@@ -28,7 +28,8 @@ from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
 from minillm.sampling import SamplingParams
 from minillm.scheduler import Scheduler, SchedulerOutput
-from minillm.trace import ScheduledEntry, StepRecord
+from minillm.swap import SwapSpace, num_swap_blocks
+from minillm.trace import StepRecord, step_record
 from minillm.workload import RequestSpec, Workload
 
 
@@ -145,7 +146,12 @@ class Simulator:
         self.step_time = step_time
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.block_bytes = kv_cache_block_bytes(model.num_hidden_layers, config.block_size,
+                                                model.num_key_value_heads, model.head_dim,
+                                                dtype_bytes)
+        swap_space = (SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
+                      if config.preemption_mode == "swap" else None)
+        self.scheduler = Scheduler(config, self.block_manager, swap_space)
         self.clock = 0.0  # seconds since the start of the run
         self.trace: list[StepRecord] = []
 
@@ -213,7 +219,7 @@ class Simulator:
         # Only the prefix cache reads token values; without it, skip drawing them (placeholders).
         prompt = (spec.token_ids(self.model.vocab_size) if self.config.enable_prefix_caching
                   else [1] * spec.prompt_len)
-        req = Request(str(index), prompt, params, arrival_time)
+        req = Request(str(index), prompt, params, arrival_time, priority=spec.priority)
         self.scheduler.add_request(req)
         return req
 
@@ -222,9 +228,12 @@ class Simulator:
         self.block_manager.step = len(self.trace)  # the prefix cache's LRU clock
         start, out = self.clock, self.scheduler.schedule()
         scheduled = out.scheduled
+        # Swapped blocks cross the host link before the step's kernels may run (minillm.swap).
+        swap_time = (len(out.swap_out) + len(out.swap_in)) * self.block_bytes / self.hw.host_link
         if not scheduled:  # a step that only preempted, as Engine.step allows
             if self.scheduler.has_unfinished_requests() and not out.preempted:
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+            self.clock += swap_time
             return []
         tables = ({s.request.request_id: list(s.request.block_table) for s in scheduled}
                   if self.record_block_tables else {})
@@ -232,7 +241,7 @@ class Simulator:
         cost = self.step_time(self.model, self.hw, batch, self.dtype_bytes, self.overhead,
                               self.overhead_per_token, self.overhead_per_seq,
                               self.overhead_per_pair)
-        end = self.clock = start + cost.time
+        end = self.clock = start + swap_time + cost.time
         bm = self.block_manager
         for s in scheduled:
             req = s.request
@@ -251,19 +260,10 @@ class Simulator:
     def _record(self, out: SchedulerOutput, start: float, end: float,
                 tables: dict[str, list[int]], finished: list[Request]) -> None:
         """The step's StepRecord, as Engine._record writes it (block data only if recorded)."""
-        bm = self.block_manager
-        evicted = bm.take_evicted()  # taken every step, recorded or not, so it never piles up
-        self.trace.append(StepRecord(
-            step=len(self.trace), start=start, end=end,
-            scheduled=[ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
-                                      s.num_computed_tokens) for s in out.scheduled],
-            num_free_blocks=bm.num_free_blocks, block_tables=tables,
-            preempted=[r.request_id for r in out.preempted],
-            finished=[r.request_id for r in finished],
-            cached_blocks=bm.cached_free_blocks() if self.record_block_tables else [],
-            prefix_cache=bm.snapshot(self.scheduler.running, evicted)
-            if self.record_block_tables and bm.enable_prefix_caching
-            and bm.num_blocks <= TRACE_BLOCKS_MAX_POOL else None))
+        self.trace.append(step_record(
+            len(self.trace), out, start, end, tables, [r.request_id for r in finished],
+            self.scheduler, self.record_block_tables,
+            self.record_block_tables and self.block_manager.num_blocks <= TRACE_BLOCKS_MAX_POOL))
 
     def _append_token(self, req: Request, now: float) -> bool:
         """Append a fake token produced at now; True if req is done (finished and freed)."""
@@ -281,19 +281,7 @@ class Simulator:
 
     def stats(self) -> dict[str, int]:
         """The same counters as LLM.stats()."""
-        bm, sched = self.block_manager, self.scheduler
-        return {
-            "num_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free_blocks,
-            "num_preemptions": sched.num_preemptions,
-            "prefix_cache_queries": bm.prefix_cache_queries,
-            "prefix_cache_hits": bm.prefix_cache_hits,
-            "prefix_cache_query_tokens": bm.prefix_cache_query_tokens,
-            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
-            "prefix_cache_evictions": bm.prefix_cache_evictions,
-            "num_waiting": len(sched.waiting),
-            "num_running": len(sched.running),
-        }
+        return self.scheduler.stats(self.block_bytes)
 
 
 def goodput_curve(model: str | ModelConfig, hw: str | roofline.Hardware, rates: Sequence[float],

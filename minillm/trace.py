@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # the scheduler imports this module
+    from minillm.scheduler import Scheduler, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,13 @@ class StepRecord:
     were preempted by, or finished in, this step. block_tables and cached_blocks stay empty when
     the engine does not trace block data (EngineConfig.trace_block_tables: by default, pools
     over TRACE_BLOCKS_MAX_POOL blocks), so that a step costs the same whatever the pool's size.
+
+    Preemption by swap: swapped_out and swapped_in name the requests whose K/V this step copied
+    to and from the host pool (swapped_out is a part of preempted), swap_out_blocks and
+    swap_in_blocks count the blocks copied, and swapped names every request whose K/V are in
+    the host pool after the step. num_waiting counts the requests left waiting after the
+    step's admissions and waiting_cause says what stopped admission (minillm.scheduler):
+    "seats", "blocks", "budget" or "batch" (a static batch still running); None if none wait.
     """
 
     step: int
@@ -74,6 +84,13 @@ class StepRecord:
     finished: list[str] = field(default_factory=list)
     cached_blocks: list[int] = field(default_factory=list)
     prefix_cache: PrefixCacheSnapshot | None = None  # with prefix caching and block data traced
+    swapped_out: list[str] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    swapped: list[str] = field(default_factory=list)
+    num_waiting: int = 0
+    waiting_cause: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -82,3 +99,29 @@ class StepRecord:
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+
+def step_record(step: int, out: SchedulerOutput, start: float, end: float,
+                tables: dict[str, list[int]], finished: list[str], scheduler: Scheduler,
+                trace_blocks: bool, snapshot_cache: bool | None = None) -> StepRecord:
+    """The StepRecord of one step, as the engine and the simulator write it: O(scheduled and
+    swapped requests), plus the pool's block data when trace_blocks (tables come filled then)
+    and the prefix cache's snapshot when snapshot_cache (default: trace_blocks)."""
+    bm = scheduler.block_manager
+    evicted = bm.take_evicted()  # taken every step, traced or not, so it never piles up
+    return StepRecord(
+        step=step, start=start, end=end,
+        scheduled=[ScheduledEntry(s.request.request_id, s.phase, s.num_tokens,
+                                  s.num_computed_tokens) for s in out.scheduled],
+        num_free_blocks=bm.num_free_blocks, block_tables=tables,
+        preempted=[r.request_id for r in out.preempted], finished=finished,
+        cached_blocks=bm.cached_free_blocks() if trace_blocks else [],
+        prefix_cache=bm.snapshot(scheduler.running, evicted)
+        if (trace_blocks if snapshot_cache is None else snapshot_cache)
+        and bm.enable_prefix_caching else None,
+        swapped_out=[r.request_id for r in out.swapped_out],
+        swapped_in=[r.request_id for r in out.swapped_in],
+        swap_out_blocks=len(out.swap_out), swap_in_blocks=len(out.swap_in),
+        swapped=[r.request_id for r in scheduler.waiting if r.swap_blocks]
+        if scheduler.swap_space is not None else [],
+        num_waiting=len(scheduler.waiting), waiting_cause=out.waiting_cause)

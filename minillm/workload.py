@@ -159,6 +159,7 @@ class RequestSpec:
     prefix_id share their first prefix_len prompt tokens (a common system prompt). seed
     determines the rest of the prompt. prompt: the text, for a request drawn from a text data
     set (minillm.serve.datasets); prompt_len is then its length in the data set's tokenizer.
+    priority: the request's priority under scheduling_policy="priority" (lower runs first).
     """
 
     arrival_time: float
@@ -168,6 +169,7 @@ class RequestSpec:
     prefix_len: int = 0
     seed: int = 0
     prompt: str | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         t = self.arrival_time
@@ -182,6 +184,8 @@ class RequestSpec:
             raise ValueError(f"prefix_len={self.prefix_len} needs a prefix_id")
         if self.prefix_id is not None:
             _check_int(self.prefix_id, "prefix_id", minimum=0)
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(f"priority must be an int, got {self.priority!r}")
         if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
             raise ValueError(f"prompt must be a non-empty str or None, got {self.prompt!r:.80}")
 

@@ -167,7 +167,7 @@ def test_the_simulator_reports_the_same_counters_and_snapshots(design: str) -> N
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"enable_prefix_caching": True, "prefix_caching": "tree"}, "'hash' or 'radix'"),
-    ({"enable_prefix_caching": True, "scheduling_policy": "sjf"}, "'fcfs' or 'lpm'"),
+    ({"enable_prefix_caching": True, "scheduling_policy": "sjf"}, "'fcfs', 'priority' or 'lpm'"),
     ({"prefix_caching": "radix"}, "enable_prefix_caching=True"),
     ({"scheduling_policy": "lpm"}, "enable_prefix_caching=True"),
 ])

@@ -299,7 +299,7 @@ def test_lpm_keeps_a_preempted_request_at_the_front() -> None:
     engine.add([1, 2, 3, 4, 5, 6, 0], max_tokens=1)  # a long match, waiting
     sched = engine.scheduler
     sched.running.remove(victim)  # what _reserve does when the pool runs dry
-    sched._preempt(victim)
+    sched._preempt(victim, SchedulerOutput())
     out = engine.step()
     assert [s.request for s in out.scheduled] == [victim]
 
