@@ -71,11 +71,12 @@ def test_small_batch_is_memory_bound(rows: dict[str, fm.Reproduction]) -> None:
 
 
 def test_big_batch_trades_goodput_for_throughput(rows: dict[str, fm.Reproduction]) -> None:
-    row = rows["batch_too_large"]  # measured: goodput 5.96 -> 13.9 req/s; 7,837 -> 5,384 tok/s
-    assert row.fixed > 2 * row.sick
+    row = rows["batch_too_large"]  # measured: goodput 3.69 -> 15.3 req/s; 8,958 -> 5,960 tok/s
+    assert row.fixed > 3 * row.sick
+    assert row.sick_run.stats["num_preemptions"] == 0, "a big batch, not a KV squeeze"
     tput, tpot = evidence(row, "output tokens/s"), evidence(row, "TPOT p99 (s)")
     assert tput[0] > 1.3 * tput[1]
-    assert tpot[0] > fm.SLO_TPOT > tpot[1]  # measured: 27.4 ms and 12.1 ms
+    assert tpot[0] > fm.SLO_TPOT > tpot[1]  # measured: 24.8 ms and 10.9 ms
 
 
 def test_prefix_caching_removes_redundant_prefill(rows: dict[str, fm.Reproduction]) -> None:
