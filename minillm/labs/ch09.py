@@ -2,7 +2,8 @@
 
 09.1 hands the reader's diagnose(deployment) -> cause the mystery deployments of fixed seeds
 (minillm.diagnosis: simulated, modelled on H100-SXM and H200 GPUs), two of each cause in
-minillm.diagnosis.CAUSES, and asks for at least MIN_RIGHT of them right. A wrong answer is
+minillm.diagnosis.CAUSES, and asks for at least MIN_RIGHT of them right with every cause
+recognised at least once (so mistaking one cause for another throughout fails). A wrong answer is
 answered with a hint naming the metric that tells the two causes apart; the common confusions
 have their own.
 """
@@ -16,9 +17,12 @@ from typing import Any
 from minillm.labs.exercise import Exercise, expect_callable
 
 # (seed, cause): two deployments of each cause, fixed so every reader is graded on the same.
-GRADING = [(9000 + i, cause) for i, cause in enumerate(
-    ("static_batching", "long_prefill_blocking", "kv_pressure", "memory_bound_small_batch",
-     "batch_too_large", "no_prefix_caching", "healthy") * 2)]
+# Both healthy ones serve shared system prompts with the cache on (seed 9013's would not): the
+# case a rule "shared prompts means no prefix caching" gets wrong.
+CAUSE_ORDER = ("static_batching", "long_prefill_blocking", "kv_pressure",
+               "memory_bound_small_batch", "batch_too_large", "no_prefix_caching", "healthy")
+GRADING = [(9000 + i, cause) for i, cause in enumerate(CAUSE_ORDER * 2)]
+GRADING[-1] = (9016, "healthy")
 MIN_RIGHT = 12  # of 14: one slip per pair of causes at most (the reference gets all 14)
 
 # What tells a cause apart, said once per cause, for a deployment of that cause called wrong.
@@ -109,6 +113,11 @@ def grade_diagnose(diagnose: Any) -> str:
     assert right >= MIN_RIGHT, (
         f"{right} of {len(GRADING)} deployments diagnosed right (at least {MIN_RIGHT} pass): "
         f"{hint(*commonest[0][0])}")
+    recognised = {cause for (_, cause), answer in zip(GRADING, answers) if answer == cause}
+    never = [pair for pair in wrong if pair[0] not in recognised]
+    assert not never, (
+        f"{right} of {len(GRADING)} right, but you never recognised {never[0][0]}: "
+        f"{hint(*never[0])}")
     missed = f"; you missed one: {hint(*wrong[0])}" if wrong else ""
     return (f"{right} of {len(GRADING)} right{missed}. An operator triages from the sign only "
             "one cause makes (preemptions, an oversized step) to the one many share (TPOT over "
