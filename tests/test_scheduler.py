@@ -6,6 +6,8 @@ known tokens are all computed. The "model" is a pure function of the tokens so f
 that is preempted and recomputed must produce exactly the tokens it would have produced anyway.
 A shadow KV pool records, per slot, the prefix the K/V were computed from; every step checks that
 a request reads only K/V computed from its own tokens and writes only blocks it holds alone.
+Under preemption by swap a shadow host pool takes the copies the scheduler asks for, so a
+request swapped back in must find its own K/V again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from minillm.kv_cache import BlockManager
 from minillm.request import Request, RequestStatus
 from minillm.sampling import SamplingParams
 from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.swap import SwapSpace
 
 pytestmark = pytest.mark.ch05  # Continuous batching; the chunked-prefill examples are ch06 too
 
@@ -50,23 +53,26 @@ def prefix_ids(token_ids: list[int]) -> list[int]:
 
 
 class FakeEngine:
-    def __init__(self, config: EngineConfig, num_blocks: int):
+    def __init__(self, config: EngineConfig, num_blocks: int, num_host_blocks: int = 0):
         self.config = config
         self.bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                config.prefix_caching)
-        self.scheduler = Scheduler(config, self.bm)
+        self.swap = SwapSpace(num_host_blocks)
+        self.scheduler = Scheduler(config, self.bm, self.swap)
         self.kv: dict[int, int] = {}  # slot -> prefix id of the K/V written there
+        self.host_kv: dict[int, int] = {}  # host slot -> prefix id (the swap pool)
         self.finished: list[Request] = []
         self.steps: list[SchedulerOutput] = []
         self.count = 0
 
-    def add(self, prompt: list[int], max_tokens: int) -> Request:
+    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> Request:
         c, n = self.config, len(prompt)
         # Engine._check_fits: what the engine accepts, the scheduler must be able to finish.
         assert self.bm.num_blocks_for(n + max_tokens) <= self.bm.num_blocks
         assert c.enable_chunked_prefill or n <= c.max_num_batched_tokens
         self.count += 1
-        req = Request(str(self.count), list(prompt), SamplingParams(max_tokens=max_tokens), 0.0)
+        req = Request(str(self.count), list(prompt), SamplingParams(max_tokens=max_tokens), 0.0,
+                      priority=priority)
         self.scheduler.add_request(req)
         return req
 
@@ -74,6 +80,7 @@ class FakeEngine:
         running_before = list(self.scheduler.running)
         out = self.scheduler.schedule()
         self.check_step(out, running_before)
+        self.copy_swapped(out)
         for s in out.scheduled:
             self.run_model(s.request, s.num_computed_tokens, s.num_tokens)
         for s in out.scheduled:
@@ -106,11 +113,31 @@ class FakeEngine:
             if s.phase == "decode":
                 assert s.num_tokens == 1
         for req in out.preempted:
-            assert req not in reqs and req.block_table == [] and req.num_computed_tokens == 0
-            assert req.status is RequestStatus.WAITING and req in self.scheduler.waiting
+            assert req not in reqs and req.block_table == [] and req in self.scheduler.waiting
+            if req in out.swapped_out:
+                assert req.status is RequestStatus.SWAPPED and req.num_computed_tokens > 0
+                assert len(req.swap_blocks) == self.bm.num_blocks_for(req.num_computed_tokens)
+            else:
+                assert req.status is RequestStatus.WAITING and req.num_computed_tokens == 0
         if c.scheduling == "continuous" and out.preempted:
-            # Victims go newest first, from the requests that were running before this step.
+            # Victims go from the back of running: the newest, or under "priority" the worst
+            # rank (running is kept in rank order), from those running before this step.
             assert out.preempted == running_before[::-1][:len(out.preempted)]
+        if c.scheduling_policy == "priority":
+            ranks = [self.scheduler.rank(r) for r in self.scheduler.running]
+            assert ranks == sorted(ranks)
+
+    def copy_swapped(self, out: SchedulerOutput) -> None:
+        """The copies the engine makes: out to the host pool first, then back in."""
+        P = self.config.block_size
+        for pairs, src, dst in ((out.swap_out, self.kv, self.host_kv),
+                                (out.swap_in, self.host_kv, self.kv)):
+            for a, b in pairs:
+                for i in range(P):
+                    if a * P + i in src:
+                        dst[b * P + i] = src[a * P + i]
+                    else:
+                        dst.pop(b * P + i, None)
 
     def run_model(self, req: Request, start: int, num_tokens: int) -> None:
         """Read the K/V of positions [0, start), write those of [start, start + num_tokens)."""
@@ -132,6 +159,11 @@ class FakeEngine:
         assert set(held).isdisjoint(self.bm.free_blocks)
         assert len(held) + self.bm.num_free_blocks == self.bm.num_blocks
         assert all(b.ref_count == held.get(b.block_id, 0) for b in self.bm.blocks)
+        # The host pool: every block is free, held by one swapped request, or waiting to be
+        # freed after this step's copies in.
+        host = [b for r in self.scheduler.waiting for b in r.swap_blocks]
+        pending = self.scheduler._host_blocks_to_free
+        assert sorted(host + pending + self.swap.free_blocks) == list(range(self.swap.num_blocks))
 
 
 # ---- random workloads -------------------------------------------------------------------------
@@ -144,6 +176,7 @@ class Arrival:
     step: int
     prompt: list[int]
     max_tokens: int
+    priority: int = 0
 
 
 @st.composite
@@ -172,8 +205,9 @@ def workloads(draw: st.DrawFn) -> tuple[EngineConfig, int, list[Arrival]]:
     return config, num_blocks, arrivals
 
 
-def run_workload(config: EngineConfig, num_blocks: int, arrivals: list[Arrival]) -> FakeEngine:
-    engine = FakeEngine(config, num_blocks)
+def run_workload(config: EngineConfig, num_blocks: int, arrivals: list[Arrival],
+                 num_host_blocks: int = 0) -> FakeEngine:
+    engine = FakeEngine(config, num_blocks, num_host_blocks)
     pending = sorted(arrivals, key=lambda a: a.step)
     requests = []
     total = sum(len(a.prompt) + a.max_tokens for a in arrivals)
@@ -185,7 +219,7 @@ def run_workload(config: EngineConfig, num_blocks: int, arrivals: list[Arrival])
         assert step < max_steps, f"no progress after {step} steps: {engine.scheduler.running}"
         while pending and pending[0].step <= step:
             a = pending.pop(0)
-            requests.append((engine.add(a.prompt, a.max_tokens), a))
+            requests.append((engine.add(a.prompt, a.max_tokens, a.priority), a))
         if engine.scheduler.has_unfinished_requests():
             engine.step()
             engine.check_blocks()
@@ -195,6 +229,8 @@ def run_workload(config: EngineConfig, num_blocks: int, arrivals: list[Arrival])
         assert req.is_finished and req.output_token_ids == expected_output(a.prompt, a.max_tokens)
     assert engine.bm.num_free_blocks == engine.bm.num_blocks
     assert all(b.ref_count == 0 for b in engine.bm.blocks)
+    engine.scheduler.schedule()  # frees the host blocks of the last swap-ins
+    assert engine.swap.num_free_blocks == engine.swap.num_blocks
     return engine
 
 
@@ -228,6 +264,144 @@ def test_random_workloads_with_either_cache_design_and_policy_finish_and_free_ev
     if radix is not None:
         assert radix.holders == {} and all(n.ref_count == 0 for n in radix.nodes())
         assert sorted(engine.bm.cached_free_blocks()) == sorted(radix.block_node)
+
+
+@st.composite
+def pressure_workloads(draw: st.DrawFn) -> tuple[EngineConfig, int, list[Arrival], int]:
+    """workloads() under either preemption mode (a host pool from none to ample) and any
+    admission policy, with priorities from 0 to 2."""
+    config, num_blocks, arrivals = draw(workloads())
+    policies = ["fcfs", "priority"] + (["lpm"] if config.enable_prefix_caching else [])
+    config = dataclasses.replace(
+        config, preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+        scheduling_policy=draw(st.sampled_from(policies)),
+        prefix_caching=draw(st.sampled_from(["hash", "radix"])) if config.enable_prefix_caching
+        else "hash")
+    arrivals = [dataclasses.replace(a, priority=draw(st.integers(0, 2))) for a in arrivals]
+    return config, num_blocks, arrivals, draw(st.integers(0, 3) | st.integers(0, num_blocks))
+
+
+@settings(max_examples=300, deadline=None)
+@given(pressure_workloads())
+@pytest.mark.ch09
+def test_random_workloads_under_swap_and_priorities_finish_and_free_both_pools(
+    workload: tuple[EngineConfig, int, list[Arrival], int],
+) -> None:
+    """Identical outputs (checked in run_workload against the fake model), K/V read back from
+    the host pool intact (the shadow pools), no block leaked in either pool, nobody starved."""
+    engine = run_workload(*workload)
+    swap = engine.swap
+    assert swap.num_swap_ins == swap.num_swap_outs and swap.swap_in_blocks == swap.swap_out_blocks
+    if workload[0].preemption_mode == "recompute":
+        assert swap.num_swap_outs == 0
+
+
+@pytest.mark.ch09
+def test_swap_keeps_the_computed_tokens_and_falls_back_to_recompute_when_the_host_is_full(
+) -> None:
+    config = EngineConfig(block_size=2, max_num_seqs=4, max_num_batched_tokens=64,
+                          preemption_mode="swap")
+    engine = FakeEngine(config, num_blocks=6, num_host_blocks=3)
+    a = engine.add([1, 2, 1, 2, 1], max_tokens=6)
+    b = engine.add([2, 2, 2, 2, 2], max_tokens=6)
+    preempted = []
+    while engine.scheduler.has_unfinished_requests():
+        out = engine.step()
+        engine.check_blocks()
+        preempted += [(r.request_id, r in out.swapped_out, r.num_computed_tokens)
+                      for r in out.preempted]
+    assert preempted, "the pool of 6 blocks cannot hold both requests' 11 tokens"
+    rid, swapped, kept = preempted[0]
+    assert rid == b.request_id and swapped and kept >= 5  # b's K/V went to the host pool
+    assert a.output_token_ids == expected_output([1, 2, 1, 2, 1], 6)
+    assert b.output_token_ids == expected_output([2, 2, 2, 2, 2], 6)
+    # A host pool of one block cannot take a victim of 3+ blocks: recompute instead.
+    engine = FakeEngine(config, num_blocks=6, num_host_blocks=1)
+    engine.add([1, 2, 1, 2, 1], max_tokens=6)
+    engine.add([2, 2, 2, 2, 2], max_tokens=6)
+    while engine.scheduler.has_unfinished_requests():
+        out = engine.step()
+        assert not out.swapped_out and all(r.num_computed_tokens == 0 for r in out.preempted)
+    assert engine.scheduler.num_preemptions > 0 and engine.scheduler.num_recomputed_tokens > 0
+
+
+@pytest.mark.ch09
+def test_aborting_a_swapped_request_frees_its_host_blocks() -> None:
+    config = EngineConfig(block_size=2, max_num_seqs=4, max_num_batched_tokens=64,
+                          preemption_mode="swap")
+    engine = FakeEngine(config, num_blocks=6, num_host_blocks=8)
+    engine.add([1, 2, 1, 2, 1], max_tokens=6)
+    b = engine.add([2, 2, 2, 2, 2], max_tokens=6)
+    while not b.swap_blocks:
+        engine.step()
+    engine.scheduler.finish(b)
+    assert b.swap_blocks == [] and engine.swap.num_free_blocks == 8
+    engine.check_blocks()
+
+
+@pytest.mark.ch09
+def test_priority_admits_the_lowest_value_first_ties_by_arrival() -> None:
+    config = EngineConfig(block_size=2, max_num_seqs=1, max_num_batched_tokens=64,
+                          scheduling_policy="priority")
+    engine = FakeEngine(config, num_blocks=32)
+    for priority in (2, 1, 2, 0, 1):
+        engine.add([1, 2, 3], max_tokens=1, priority=priority)
+    assert admission_order(engine) == ["4", "2", "5", "1", "3"]
+
+
+@pytest.mark.ch09
+def test_an_urgent_arrival_preempts_the_worst_ranked_running_request() -> None:
+    config = EngineConfig(block_size=2, max_num_seqs=2, max_num_batched_tokens=64,
+                          scheduling_policy="priority")
+    engine = FakeEngine(config, num_blocks=32)
+    low = engine.add([1, 2, 3], max_tokens=20, priority=2)
+    mid = engine.add([1, 1, 1], max_tokens=20, priority=1)
+    engine.step()
+    urgent = engine.add([2, 2, 2], max_tokens=2, priority=0)
+    out = engine.step()  # no seat: the worst rank gives up its seat
+    assert out.preempted == [low] and {s.request for s in out.scheduled} == {mid, urgent}
+    # Same rank never preempts: an equal arrival waits for a seat.
+    tie = engine.add([2, 1, 2], max_tokens=2, priority=1)
+    out = engine.step()
+    assert not out.preempted and tie in engine.scheduler.waiting and out.waiting_cause == "seats"
+
+
+@pytest.mark.ch09
+def test_ageing_lifts_a_long_waiting_request_past_later_urgent_ones(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PRIORITY_AGING_STEPS", 4)
+    config = EngineConfig(block_size=2, max_num_seqs=1, max_num_batched_tokens=64,
+                          scheduling_policy="priority")
+    engine = FakeEngine(config, num_blocks=32)
+    engine.add([1, 2, 3], max_tokens=3, priority=0)
+    patient = engine.add([3, 3, 3], max_tokens=1, priority=1)
+    order: list[str] = []
+    for _ in range(40):  # an urgent request arrives every step
+        engine.add([2, 2, 2], max_tokens=3, priority=0)
+        for s in engine.step().scheduled:
+            if s.request.request_id not in order:
+                order.append(s.request.request_id)
+    assert patient.request_id in order, "ageing must let the patient request in"
+    assert order.index(patient.request_id) <= 4  # after about PRIORITY_AGING_STEPS steps
+
+
+@pytest.mark.ch09
+def test_waiting_cause_names_what_stopped_admission() -> None:
+    def cause(**kw) -> str | None:
+        base = dict(block_size=2, max_num_seqs=4, max_num_batched_tokens=64)
+        engine = FakeEngine(EngineConfig(**{**base, **kw}), num_blocks=kw.pop("blocks", 32))
+        for _ in range(3):
+            engine.add([1, 2, 3, 1, 2, 3], max_tokens=4)
+        return engine.step().waiting_cause
+
+    assert cause() is None
+    assert cause(max_num_seqs=2) == "seats"
+    assert cause(max_num_batched_tokens=8) == "budget"
+    assert cause(scheduling="static", max_num_seqs=1) == "seats"
+    config = EngineConfig(block_size=2, max_num_seqs=4, max_num_batched_tokens=64)
+    engine = FakeEngine(config, num_blocks=5)
+    for _ in range(3):
+        engine.add([1, 2, 3, 1, 2, 3], max_tokens=4)
+    assert engine.step().waiting_cause == "blocks"
 
 
 # ---- longest-prefix-match admission (LPM) -----------------------------------------------------

@@ -2,8 +2,9 @@
 
 Engine flags use vLLM's names, so a vLLM launch line carries over: --max-num-seqs,
 --max-num-batched-tokens, --enable-prefix-caching, --block-size, --max-model-len, ...
---scheduling-policy takes vLLM's fcfs or SGLang's lpm; --prefix-caching picks vLLM's hash chain
-or SGLang's radix tree.
+--scheduling-policy takes vLLM's fcfs or priority (a request's `priority` field, lower first) or
+SGLang's lpm; --prefix-caching picks vLLM's hash chain or SGLang's radix tree; --preemption-mode
+recompute or swap (to --swap-space GiB of host memory) says what preemption does to the KV.
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-caching", choices=["hash", "radix"], default="hash",
                         help="how the prefix cache finds blocks: vLLM's chain of block hashes "
                              "or SGLang's radix tree (with --enable-prefix-caching)")
-    parser.add_argument("--scheduling-policy", choices=["fcfs", "lpm"], default="fcfs",
-                        help="admission order: arrival, or SGLang's longest cached prefix first")
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "priority", "lpm"],
+                        default="fcfs",
+                        help="admission order: arrival, each request's priority (lower first), "
+                             "or SGLang's longest cached prefix first")
+    parser.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
+                        help="a preempted request's KV: freed and recomputed, or swapped to host "
+                             "memory and back")
+    parser.add_argument("--swap-space", type=float, default=4.0,
+                        help="GiB of host memory for swapped KV (with --preemption-mode swap)")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                         default=True)
     parser.add_argument("--enforce-eager", action="store_true",
@@ -67,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   enable_prefix_caching=args.enable_prefix_caching,
                   prefix_caching=args.prefix_caching, scheduling_policy=args.scheduling_policy,
+                  preemption_mode=args.preemption_mode, swap_space=args.swap_space,
                   enable_chunked_prefill=args.enable_chunked_prefill,
                   enable_cuda_graphs=not args.enforce_eager, seed=args.seed,
                   max_trace_steps=10_000)  # a server runs for days: keep the recent steps

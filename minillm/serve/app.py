@@ -69,7 +69,8 @@ class Server:
         client_id = raw.headers.get("x-request-id")
         request_id = client_id or f"{prefix}-{uuid.uuid4().hex}"
         try:
-            req = self.loop.make_request(parsed.prompt, parsed.params, request_id, arrival)
+            req = self.loop.make_request(parsed.prompt, parsed.params, request_id, arrival,
+                                         parsed.priority)
         except ValueError as e:
             param = ("max_tokens" if "max_tokens" in str(e) else None if "request_id" in str(e)
                      else "messages" if chat else "prompt")

@@ -79,10 +79,10 @@ class EngineLoop:
         return self._thread.is_alive() and self.error is None
 
     def make_request(self, prompt: Prompt, params: SamplingParams, request_id: str,
-                     arrival_time: float) -> Request:
+                     arrival_time: float, priority: int = 0) -> Request:
         """A validated Request (ValueError names a bad value). Reads only immutable engine state
         (config, tokenizer, pool size), so it is safe off the engine thread."""
-        return self.engine.make_request(prompt, params, request_id, arrival_time)
+        return self.engine.make_request(prompt, params, request_id, arrival_time, priority)
 
     async def stream(self, request: Request) -> AsyncIterator[RequestOutput]:
         """Queue request; yield its output after each step that gives it a token, until it

@@ -40,6 +40,8 @@ class ServerMetrics:
 
         self.running = make(Gauge, "vllm:num_requests_running", "Requests in the running batch.")
         self.waiting = make(Gauge, "vllm:num_requests_waiting", "Requests waiting to be admitted.")
+        self.swapped = make(Gauge, "vllm:num_requests_swapped",
+                            "Preempted requests whose KV wait in host memory (swap).")
         self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc",
                              "Fraction of KV-cache blocks in use (1 = full).")
         self.prefix_queries = make(Counter, "vllm:prefix_cache_queries",
@@ -47,7 +49,7 @@ class ServerMetrics:
         self.prefix_hits = make(Counter, "vllm:prefix_cache_hits",
                                 "Prompt tokens whose KV the prefix cache held.")
         self.preemptions = make(Counter, "vllm:num_preemptions",
-                                "Requests preempted (their KV freed, recomputed later).")
+                                "Requests preempted (their KV recomputed or swapped).")
         self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = make(Counter, "vllm:generation_tokens", "Tokens generated.")
         self.ttft = make(Histogram, "vllm:time_to_first_token_seconds",
@@ -67,6 +69,7 @@ class ServerMetrics:
         stats = self.engine.stats()
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
+        self.swapped.set(stats["num_swapped"])
         self.kv_usage.set(1.0 - stats["num_free_blocks"] / stats["num_blocks"])
         for counter, key in ((self.prefix_queries, "prefix_cache_query_tokens"),
                              (self.prefix_hits, "prefix_cache_hit_tokens"),

@@ -43,6 +43,7 @@ class ParsedRequest:
     include_usage: bool
     chat: bool
     top_logprobs: int | None  # chat: how many alternatives per token, when logprobs is on
+    priority: int = 0  # vLLM's extra field: lower runs first under --scheduling-policy priority
 
 
 def _field(body: Json, name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -109,7 +110,7 @@ def parse_chat(body: Json, render: Any, max_model_len: int) -> ParsedRequest:
     parsed = _parsed(body, prompt, default_max_tokens=max(max_model_len - len(prompt), 1),
                      logprobs=top if want_logprobs else None, chat=True)
     return ParsedRequest(parsed.prompt, parsed.params, parsed.stream, parsed.include_usage,
-                         True, top if want_logprobs else None)
+                         True, top if want_logprobs else None, parsed.priority)
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -153,7 +154,8 @@ def _parsed(body: Json, prompt: Prompt, default_max_tokens: int, logprobs: int |
             ignore_eos=_field(body, "ignore_eos", (bool,), "true or false", False))
     except ValueError as e:  # SamplingParams' messages start with the field's name
         raise APIError(str(e), str(e).split()[0]) from None
-    return ParsedRequest(prompt, params, stream, include_usage, chat, None)
+    priority = _field(body, "priority", (int,), "an integer (lower runs first)", 0)
+    return ParsedRequest(prompt, params, stream, include_usage, chat, None, priority)
 
 
 # ---- responses --------------------------------------------------------------------------------
