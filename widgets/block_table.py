@@ -5,6 +5,11 @@ What a StepRecord tells, and so what the view can show: the physical blocks of e
 free blocks still hold a cached prefix. Blocks held by a running request that was not scheduled
 in the step (e.g. when the token budget ran out) have no known owner; the view counts them as
 "held, not scheduled" and draws the blocks it cannot place as free.
+
+Preemption by swap (widgets.pressure): when the trace has swaps, a host pool panel lists the
+requests whose K/V sit in host memory after the step (StepRecord.swapped) with their block
+counts, and names the step's swap-outs and swap-ins; a preemption without swap is labelled
+"recompute". Where the trace records waiting, the footer says how many wait and why.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from minillm.trace import StepRecord
 from widgets import svg as s
 from widgets.base import TraceView, slider
+from widgets.pressure import CAUSE_TEXT, has_swaps, host_panel_svg, records_waiting, swap_sizes
 
 CELL = 26  # px per block in the grid (labelled with its id)
 SMALL_CELL = 12  # px per block once the pool has more than 128 blocks (no labels)
@@ -113,6 +119,9 @@ class BlockTableView(TraceView):
         self.block_size = block_size or infer_block_size(self.trace)
         self.colors = request_colors(self.trace)
         self.step = len(self.trace) - 1 if step is None else step
+        self.swaps = has_swaps(self.trace)
+        self.sizes = swap_sizes(self.trace, self.block_size) if self.swaps else {}
+        self.waiting = records_waiting(self.trace)
 
     def controls(self) -> list[dict]:
         return [slider("step", 0, len(self.trace) - 1, play=True)]
@@ -129,16 +138,22 @@ class BlockTableView(TraceView):
         grid_w, grid_h = cols * cell, -(-drawn // cols) * cell
         tables = self._tables_svg(rec, snap, x=grid_w + 24, y=40)
         rows = min(len(rec.block_tables), MAX_TABLE_ROWS) + 2
+        if self.swaps:  # the host pool under the tables
+            host, host_h = host_panel_svg(rec, self.sizes, self.step, self.colors,
+                                          x=grid_w + 24, y=40 + rows * 18 + 18)
+            tables += host
+            rows += 1 + int(-(-host_h // 18))
         body_h = max(grid_h, rows * 18)
         width = max(grid_w + 24 + 360, 620)
-        height = 40 + body_h + 70
+        height = 40 + body_h + 70 + 16 * self.waiting
         title = f"KV blocks at step {rec.step} ({self.step + 1} of {len(self.trace)})"
         if not any(r.block_tables for r in self.trace):
             title += " (this trace records no block tables)"
         body = (s.hatch(HATCH_ID, s.ROLE["grid"], s.ROLE["cached"])
                 + s.text(0, 16, title, size=13, font_weight="bold")
                 + self._grid_svg(snap, drawn, cols, cell, y=30) + tables
-                + self._footer_svg(snap, y=40 + body_h + 16))
+                + self._footer_svg(snap, y=40 + body_h + 16)
+                + (self._waiting_svg(rec, y=40 + body_h + 68) if self.waiting else ""))
         return s.svg(width, height, body, title=title)
 
     def _fill(self, snap: PoolSnapshot, b: int) -> str:
@@ -206,11 +221,20 @@ class BlockTableView(TraceView):
         ny = y + 18 * (min(len(rec.block_tables), MAX_TABLE_ROWS) + 1)
         if more > 0:
             out.append(s.text(x, ny, f"… and {more} more requests", size=10))
-        notes = [f"preempted: {', '.join(rec.preempted)}" if rec.preempted else "",
+        recomputed = [rid for rid in rec.preempted if rid not in rec.swapped_out]
+        label = "preempted (recompute)" if self.swaps else "preempted"
+        notes = [f"{label}: {', '.join(recomputed)}" if recomputed else "",
                  f"finished ✓: {', '.join(rec.finished)}" if rec.finished else ""]
         out.append(s.text(x, ny + 16, "   ".join(n for n in notes if n), size=10,
-                          fill=s.ROLE["preempted"] if rec.preempted else s.ROLE["text"]))
+                          fill=s.ROLE["preempted"] if recomputed else s.ROLE["text"]))
         return "".join(out)
+
+    def _waiting_svg(self, rec: StepRecord, y: float) -> str:
+        """Who waits after the step and what stopped admission (the trace's waiting_cause)."""
+        why = (f" · admission stopped by: {CAUSE_TEXT[rec.waiting_cause]}"
+               if rec.waiting_cause in CAUSE_TEXT else "")
+        return s.text(0, y, f"waiting after step: {rec.num_waiting}{why}", size=10,
+                      class_="waiting-cause")
 
     def _table_row(self, snap: PoolSnapshot, table: list[int], x: float, y: float) -> str:
         shown = table[:14]

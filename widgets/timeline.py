@@ -9,6 +9,13 @@ from LLM.generate or a simulation's outputs); without them a request arrives in 
 that names it. Under the
 grid, each step's scheduled tokens (prefill and decode, stacked) against an optional budget line.
 
+Memory pressure (widgets.pressure): a request preempted by swap is drawn apart from one
+preempted for recompute: a swap-out cell, a pale span while its K/V sit in host memory (it
+keeps its computed tokens), and a swap-in cell when they come back; a recomputed request just
+waits and prefills again. Where the trace records waiting, a strip under the token chart shows
+how many requests each step left waiting, coloured by what stopped admission (seats, blocks,
+token budget, static batch), and a line under the axis sums up the marked step.
+
 Big traces are aggregated so the SVG stays small: more than MAX_COLUMNS steps share columns and
 more than MAX_ROWS requests share rows; an aggregated cell shows its most notable state
 (preempted > finished > prefill > decode) and its hover text names the steps and requests.
@@ -22,13 +29,18 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from minillm.trace import StepRecord
+from widgets import pressure as pr
 from widgets import svg as s
 from widgets.base import TraceView, dropdown, slider
+from widgets.block_table import infer_block_size
+from widgets.token_chart import budget_svg
 
 MAX_COLUMNS = 400
 MAX_ROWS = 60
-PRIORITY = {"decode": 1, "prefill": 2, "finished": 3, "preempted": 4}
-LEFT, PLOT_W, TOP, BUDGET_H = 70, 720, 34, 64
+PRIORITY = {"decode": 1, "prefill": 2, "swap-in": 3, "finished": 4, "swap-out": 5,
+            "preempted": 6}
+COLORS = {**s.ROLE, **pr.SWAP_ROLE}
+LEFT, PLOT_W, BUDGET_H, WAIT_H = 70, 720, 64, 20
 
 
 @dataclass
@@ -46,12 +58,15 @@ def plural(n: int, noun: str) -> str:
 
 
 def cell_state(rid: str, rec: StepRecord, phase: str | None) -> str | None:
-    """A request's state in one step, or None when it was not named in the step."""
+    """A request's state in one step, or None when it was not named in the step. A swap-out
+    is a preemption that keeps the K/V (in host memory); "preempted" is one that recomputes."""
+    if rid in rec.swapped_out:
+        return "swap-out"
     if rid in rec.preempted:
         return "preempted"
     if rid in rec.finished:
         return "finished"
-    return phase
+    return "swap-in" if rid in rec.swapped_in else phase
 
 
 class BatchTimeline(TraceView):
@@ -77,6 +92,10 @@ class BatchTimeline(TraceView):
         self.num_rows = min(len(self.requests), MAX_ROWS)
         self.cells, self.spans = self._aggregate()
         self._add_arrivals(arrivals or {})
+        self.swaps = pr.has_swaps(self.trace)
+        self.sizes = pr.swap_sizes(self.trace, infer_block_size(self.trace)) if self.swaps else {}
+        self.swapped = pr.swapped_runs(self.trace, self.col, self.row)
+        self.waiting = pr.records_waiting(self.trace)
 
     @property
     def x(self) -> str:
@@ -166,21 +185,34 @@ class BatchTimeline(TraceView):
 
     def to_svg(self) -> str:
         rh = 14 if self.num_rows <= 30 else 8
+        extra = pr.legend_items(self.trace)
+        top = 34 + 16 * bool(extra)  # a second legend row for swaps and waiting causes
         grid_h = self.num_rows * rh
-        height = TOP + grid_h + 14 + BUDGET_H + 34
+        chart_y = top + grid_h + 14
+        axis_y = chart_y + BUDGET_H + (WAIT_H + 8) * self.waiting
+        rec = self.trace[self.step]
+        summary = pr.step_summary(rec, self.sizes, self.step)
+        height = axis_y + 34 + 16 * bool(summary)
         body = (s.text(0, 14, "batch timeline", size=13, font_weight="bold")
-                + s.legend([(s.ROLE[k], k) for k in
-                            ("waiting", "prefill", "decode", "preempted", "finished")], 130, 14)
-                + self._grid_svg(rh) + self._budget_svg(TOP + grid_h + 14)
-                + self._axis_svg(TOP + grid_h + 14 + BUDGET_H)
-                + self._marker_svg(TOP - 4, TOP + grid_h + 14 + BUDGET_H))
+                + s.legend([(s.ROLE[k], k) for k in ("waiting", "prefill", "decode")]
+                           + [(s.ROLE["preempted"], "preempted (recompute)" if self.swaps
+                               else "preempted"), (s.ROLE["finished"], "finished")], 130, 14)
+                + (s.legend(extra, 130, 30) if extra else "")
+                + self._grid_svg(rh, top) + budget_svg(self, LEFT, chart_y, PLOT_W, BUDGET_H)
+                + (pr.waiting_strip_svg(self.trace, self.num_cols, self.col, self.col_x,
+                                     self.steps_of, LEFT, chart_y + BUDGET_H + 8, WAIT_H)
+                   if self.waiting else "")
+                + self._axis_svg(axis_y) + self._marker_svg(top - 4, axis_y, summary))
+        if summary:  # the marked step's swaps, host pool and waiting
+            body += s.text(LEFT, axis_y + 46, f"step {rec.step}: {summary}", size=10,
+                           class_="step-summary")
         return s.svg(LEFT + PLOT_W + 20, height, body,
-                     title=f"batch timeline, step {self.trace[self.step].step} marked")
+                     title=f"batch timeline, step {rec.step} marked")
 
-    def _grid_svg(self, rh: float) -> str:
+    def _grid_svg(self, rh: float, top: float) -> str:
         out = []
         for r in range(self.num_rows):
-            y = TOP + r * rh
+            y = top + r * rh
             label = self.row_label(r)
             out.append(s.text(LEFT - 6, y + rh - 3, label, size=min(rh - 2, 10), anchor="end"))
             if r in self.spans:
@@ -188,8 +220,23 @@ class BatchTimeline(TraceView):
                 _, x1 = self.col_x(self.spans[r][1])
                 out.append(s.rect(x0, y + 1, x1 - x0, rh - 2, s.ROLE["waiting"],
                                   title=f"{label}: waiting when not scheduled"))
+            out.extend(self._swapped_spans(r, y, rh, label))
             out.extend(self._row_runs(r, y, rh, label))
         return "".join(out)
+
+    def _swapped_spans(self, r: int, y: float, rh: float, label: str) -> list[str]:
+        """Row r's stretches in the host pool: swapped out, its K/V kept, not waiting to prefill."""
+        out = []
+        for c0, c1, i in self.swapped.get(r, []):
+            x0, x1 = self.col_x(c0)[0], self.col_x(c1)[1]
+            members = [rid for rid in self.trace[i].swapped if self.row(rid) == r]
+            blocks = pr.blocks_text(pr.blocks_of(self.sizes, members[0], i)) if len(members) == 1 \
+                else ""
+            steps = self.steps_of(c0) if c0 == c1 else f"{self.steps_of(c0)} to {self.steps_of(c1)}"
+            out.append(s.rect(x0, y + 1, max(x1 - x0, 0.5), rh - 2, pr.SWAP_ROLE["swapped"],
+                              title=f"{label}, {steps}: swapped out, K/V in host memory{blocks}",
+                              class_="swapped"))
+        return out
 
     def _row_runs(self, r: int, y: float, rh: float, label: str) -> list[str]:
         """Runs of equal cells in row r merged into one rect each (keeps the SVG small)."""
@@ -208,7 +255,7 @@ class BatchTimeline(TraceView):
             x0, x1 = self.col_x(c)[0], self.col_x(end)[1]
             steps = self.steps_of(c) if end == c else f"{self.steps_of(c)} to {self.steps_of(end)}"
             hover = f"{label}, {steps}: {cell.state}, {plural(tokens, 'token')}"
-            out.append(s.rect(x0, y + 1, max(x1 - x0, 0.5), rh - 2, s.ROLE[cell.state],
+            out.append(s.rect(x0, y + 1, max(x1 - x0, 0.5), rh - 2, COLORS[cell.state],
                               title=hover, class_=f"cell {cell.state}"))
             tag = str(cell.tokens)
             if cell.state == "prefill" and x1 - x0 >= 6 * len(tag) + 4 and rh >= 12:
@@ -217,49 +264,6 @@ class BatchTimeline(TraceView):
                                   pointer_events="none"))
             c = end + 1
         return out
-
-    def _budget_svg(self, y: float) -> str:
-        """Stacked prefill/decode tokens per column (mean per step) and the budget line."""
-        cols: dict[int, list[float]] = {}
-        for i, rec in enumerate(self.trace):
-            tally = cols.setdefault(self.col(i), [0, 0, 0])
-            tally[0] += sum(e.num_tokens for e in rec.scheduled if e.phase == "prefill")
-            tally[1] += sum(e.num_tokens for e in rec.scheduled if e.phase == "decode")
-            tally[2] += 1
-        top = max([self.budget or 0] + [(p + d) / n for p, d, n in cols.values()]) or 1
-        scale = (BUDGET_H - 10) / top
-        out = [s.text(LEFT - 6, y + 10, "tokens", size=9, anchor="end"),
-               s.line(LEFT, y + BUDGET_H, LEFT + PLOT_W, y + BUDGET_H)]
-        if len(cols) > 100:  # areas, not hundreds of hoverable bars
-            out.append(self._budget_areas(cols, y + BUDGET_H, scale))
-        for c, (p, d, n) in cols.items() if len(cols) <= 100 else ():
-            x0, x1 = self.col_x(c)
-            hp, hd = p / n * scale, d / n * scale
-            hover = f"{self.steps_of(c)}: {p / n:.0f} prefill + {d / n:.0f} decode tokens/step"
-            out.append(s.rect(x0, y + BUDGET_H - hp - hd, x1 - x0, hd, s.ROLE["decode"],
-                              title=hover))
-            out.append(s.rect(x0, y + BUDGET_H - hp, x1 - x0, hp, s.ROLE["prefill"],
-                              title=hover))
-        if self.budget:
-            by = y + BUDGET_H - self.budget * scale
-            out.append(s.line(LEFT, by, LEFT + PLOT_W, by, stroke=s.ROLE["text"],
-                              stroke_dasharray="4 3"))
-            out.append(s.text(LEFT + PLOT_W, by - 3, f"budget {self.budget}", size=9,
-                              anchor="end"))
-        return "".join(out)
-
-    def _budget_areas(self, cols: dict[int, list[float]], base: float, scale: float) -> str:
-        """Prefill tokens and prefill + decode tokens per step as two stacked filled areas."""
-        xs = [(self.col_x(c), p / n * scale, (p + d) / n * scale)
-              for c, (p, d, n) in sorted(cols.items())]
-        out = ""
-        for k, role in ((2, "decode"), (1, "prefill")):
-            pts = [(xs[0][0][0], base)]
-            pts += [pt for (x0, x1), *hs in xs for pt in ((x0, base - hs[k - 1]),
-                                                           (x1, base - hs[k - 1]))]
-            pts.append((xs[-1][0][1], base))
-            out += s.polyline(pts, stroke="none", fill=s.ROLE[role])
-        return s.group(out, class_="budget-areas")
 
     def _axis_svg(self, y: float) -> str:
         """Five tick labels along x, in steps or seconds since the first step."""
@@ -278,11 +282,13 @@ class BatchTimeline(TraceView):
         name = "step" if self.x == "step" else "time since the first step"
         return "".join(out) + s.text(LEFT + PLOT_W / 2, y + 28, name, size=10, anchor="middle")
 
-    def _marker_svg(self, y0: float, y1: float) -> str:
+    def _marker_svg(self, y0: float, y1: float, summary: str) -> str:
         x0, x1 = self.col_x(self.col(self.step))
         xm = (x0 + x1) / 2
         rec = self.trace[self.step]
-        return (s.line(xm, y0, xm, y1, stroke=s.ROLE["text"], stroke_width=1.5,
-                       stroke_dasharray="3 2", class_="marker")
-                + s.text(xm, y0 - 1, f"step {rec.step}: {plural(rec.num_tokens, 'token')}", size=9,
-                         anchor="middle" if xm < LEFT + PLOT_W - 60 else "end"))
+        head = f"step {rec.step}: {plural(rec.num_tokens, 'token')}"
+        hover = s.title_el(f"{head}; {summary.replace(' · ', '; ')}" if summary else head)
+        return s.group(hover + s.line(xm, y0, xm, y1, stroke=s.ROLE["text"], stroke_width=1.5,
+                                      stroke_dasharray="3 2", class_="marker")
+                       + s.text(xm, y0 - 1, head, size=9,
+                                anchor="middle" if xm < LEFT + PLOT_W - 60 else "end"))
