@@ -9,7 +9,7 @@ import sys
 import torch
 
 from minillm import machine
-from minillm.bench import chapters, engine, gpu, kernels, prefix, serve, simulate, tiles
+from minillm.bench import chapters, engine, gpu, kernels, preempt, prefix, serve, simulate, tiles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     chapters.add_arguments(sub.add_parser("chapters", help=chapters.__doc__.splitlines()[0]))
     tiles.add_arguments(sub.add_parser("tiles", help=tiles.__doc__.splitlines()[0]))
     prefix.add_arguments(sub.add_parser("prefix", help=prefix.__doc__.splitlines()[0]))
+    preempt.add_arguments(sub.add_parser("preempt", help=preempt.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     # Every CPU figure is timed: on a small shared CPU, torch's threads must not stall behind
     # another process's (machine.settle_threads). On a GPU this changes nothing.
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         return tiles.main(args)
     if args.command == "prefix":
         return prefix.main(args)
+    if args.command == "preempt":
+        return preempt.main(args)
     if args.command == "simulate":
         simulate.main(args)
         return 0
