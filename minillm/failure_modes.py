@@ -25,11 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from minillm import roofline
+from minillm.model_config import ModelConfig
 from minillm.prefix_workload import shared_prefix
 from minillm.simulator import SimulationResult, simulate
+from minillm.trace import StepRecord
 from minillm.workload import Mixture, RequestSpec, Workload, closed_loop, poisson
 
 MODEL, HARDWARE = "llama-3-8b", "H100-SXM"
@@ -76,17 +78,26 @@ class Reproduction:
 
 # ---- what an operator can measure from a run ------------------------------------------------
 
-def batch_sizes(run: SimulationResult) -> list[int]:
+class Traced(Protocol):
+    """A run's step trace with the model and GPU it ran on: a SimulationResult, or a
+    minillm.diagnosis.Deployment."""
+
+    trace: list[StepRecord]
+    model: ModelConfig
+    hardware: roofline.Hardware
+
+
+def batch_sizes(run: Traced) -> list[int]:
     """Requests in each step's batch, in step order."""
     return [len(step.scheduled) for step in run.trace]
 
 
-def computed_tokens(run: SimulationResult) -> int:
+def computed_tokens(run: Traced) -> int:
     """Tokens the engine pushed through the model over the run (prefill chunks plus decodes)."""
     return sum(step.num_tokens for step in run.trace)
 
 
-def prefill_tokens(run: SimulationResult) -> int:
+def prefill_tokens(run: Traced) -> int:
     """Prompt tokens computed (prefill-phase tokens, recomputation after preemption included)."""
     return sum(e.num_tokens for step in run.trace for e in step.scheduled if e.phase == "prefill")
 
@@ -103,7 +114,7 @@ def worst_itl(run: SimulationResult) -> float:
     return max((gap for o in run.outputs for gap in o.metrics.itl), default=0.0)
 
 
-def utilisation(run: SimulationResult) -> tuple[float, float]:
+def utilisation(run: Traced) -> tuple[float, float]:
     """(FLOP utilisation, bandwidth utilisation) over the run, modelled: the FLOPs and bytes of
     every step (roofline.step_flops_bytes) over what the hardware's peaks allow in the run's
     busy time. Decode at a small batch shows ~0.01 FLOP and ~1.0 bandwidth: memory-bound."""
