@@ -206,7 +206,10 @@ def host_panel_svg(rec: StepRecord, sizes: dict[str, list[tuple[int, int]]], ind
         more = (n or 0) - 14
         if more > 0:
             cells += s.text(x + 130 + 12 * 14 + 4, ty, f"+{more}", size=9)
-        out.append(s.group(cells, class_="host-request", data_request=rid, data_blocks=n))
+        hover = s.title_el(f"req {rid}: {blocks_text(n).strip(' ()') or 'its blocks'} of K/V "
+                           "in host memory, copied back when it resumes")
+        out.append(s.group(hover + cells, class_="host-request", data_request=rid,
+                           data_blocks=n))
     if len(held) > MAX_HOST_ROWS:
         ty += 18
         out.append(s.text(x, ty, f"… and {len(held) - MAX_HOST_ROWS} more requests", size=10))
