@@ -11,8 +11,12 @@ Module map (one concept each):
     sampling.py      SamplingParams and the batched Sampler (greedy, temperature, top-k, top-p)
     kv_cache.py      the paged KV pool, BlockManager (ref counts) and the prefix cache
                      (hash chain of blocks, vLLM's; or radix_cache.py's tree, SGLang's)
-    scheduler.py     continuous / static batching, chunked prefill, preemption by recompute,
-                     admission by arrival (fcfs) or longest cached prefix (lpm)
+    scheduler.py     continuous / static batching, chunked prefill, preemption (recompute or
+                     swap), why waiting requests were not admitted
+    waiting_queue.py the admission order: arrival (fcfs), priority with ageing, longest cached
+                     prefix (lpm)
+    swap.py          preemption by swap: the host pool's blocks and the copies out and back
+    preemption.py    what a preemption costs on a GPU, recompute vs swap, and the crossover
     batch.py         one step flattened into tensors: input ids, positions, slots, block tables
     attention/       paged attention backends: torch_ref (reference) and, on GPU, Triton;
                      tiles.py picks each kernel's tiles by compute capability
@@ -35,14 +39,16 @@ Module map (one concept each):
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
     fleet.py         N simulated replicas behind a router on one virtual clock: simulate_fleet()
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
+    failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
+    diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
     calibration.py   fit the simulator's step overheads to this machine and report its error
     real_run.py      a workload served on the real engine in real time (wall or CPU clock)
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
     machine.py       describe() / settle_threads(): the hardware a chapter measured on
     train/           the training script of the shipped tiny model (python -m minillm.train)
     cli.py           the `minillm` console script: minillm serve ..., minillm bench ...
-    bench/           python -m minillm.bench engine|serve|simulate|prefix|kernels|gpu|tiles|
-                     chapters: side-by-side ratios; gpu_checks.py: the GPU tests and a chapter
+    bench/           python -m minillm.bench engine|serve|simulate|prefix|preempt|kernels|gpu|
+                     tiles|chapters: side-by-side ratios; gpu_checks.py: the GPU tests and a chapter
                      for `bench gpu`
 """
 

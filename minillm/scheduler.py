@@ -11,25 +11,22 @@ every step. A step has a token budget (max_num_batched_tokens) and a seat count 
   running decodes sit it out); otherwise it is a decode step.
 - "static" scheduling admits a batch only when the previous one has completely finished.
 
-Admission order (scheduling_policy): "fcfs" admits in arrival order. "lpm" (SGLang's
-longest-prefix-match) admits first the waiting requests with the longest cached prefix, so that
-requests sharing a prefix run while it is cached and fewer prefills are computed. Its risk is
-starvation: a request that shares nothing can be passed over for as long as others keep coming.
-So a request that LPM_MAX_OVERTAKES later arrivals have jumped goes first (FCFS among such
-requests), and past LPM_MAX_WAITING waiting requests the queue is served FCFS, because sorting
-it costs a prefix match per waiting request every step (SGLang's bound is 128 too). Preempted
-requests keep their place at the front under both policies.
+Waiting requests are admitted in the order of scheduling_policy (minillm.waiting_queue: "fcfs",
+"priority" with ageing, or "lpm"). Admission is in order: whatever stops it (no seat, no blocks,
+no token budget, a static batch still running) stops everyone behind too, and the step records
+it (SchedulerOutput.waiting_cause) so that queueing can be explained.
 
-KV blocks are allocated a step at a time. When the pool runs dry, the newest running request is
-preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
-later from its prompt and the tokens it already produced.
+KV blocks are allocated a step at a time. When the pool runs dry, the running request that
+matters least is preempted: the newest, or under "priority" the worst ranked (running is kept
+in rank order). Under preemption_mode="recompute" its blocks are freed and it goes back to the
+queue, to be computed again later from its prompt and the tokens it already produced; under
+"swap" its computed blocks are copied to the host pool first (minillm.swap) and back when it
+resumes. Under "priority" a waiting request may also preempt running requests of a worse rank
+to get a seat or blocks.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -37,22 +34,10 @@ from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.request import Request, RequestStatus
 from minillm.swap import SwapSpace
+from minillm.waiting_queue import WaitingQueue
 
 Phase = Literal["prefill", "decode"]
 WaitingCause = Literal["seats", "blocks", "budget", "batch"]
-
-# LPM sorts at most this many waiting requests a step (one prefix match each); beyond, FCFS.
-LPM_MAX_WAITING = 128
-# A waiting request that this many later arrivals have overtaken is admitted in FCFS order.
-# Counting overtakes, not steps, bounds exactly the delay LPM adds: a request that waits because
-# the server is full is overtaken by nobody and loses nothing. 32 is a batch or two of a
-# typical server: the extra wait is a few batches' prefill at most.
-LPM_MAX_OVERTAKES = 32
-# Under "priority", a request's value drops by one for every this many steps it has waited, so a
-# steady stream of urgent requests delays the rest but cannot starve them. 1,000 steps is 10-50
-# seconds of a busy GPU server: long enough that priorities mean what they say under a burst.
-PRIORITY_AGING_STEPS = 1000
-
 
 @dataclass(frozen=True)
 class ScheduledRequest:
@@ -95,39 +80,24 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.swap_space = swap_space if config.preemption_mode == "swap" else None
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue(config.scheduling_policy, block_manager.match_prefix)
         # In admission order, or under "priority" by (rank, admission): the last one is the one
         # preempted first, and it is never scheduled before the ones in front of it.
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens thrown away by recompute preemptions
         self.num_steps = 0  # schedule() calls: the clock that ages priorities
-        # For LPM: each waiting request's arrival number and how often it was overtaken, and
-        # the preempted requests, which keep their place at the front.
-        self._arrivals = itertools.count()
-        self._arrival: dict[Request, int] = {}
-        self._overtaken: dict[Request, int] = {}
-        self._resuming: set[Request] = set()
-        self._in_arrival_order = True
-        # For "priority": arrival number (kept until it finishes), steps waited before this
-        # wait, the step this wait began, and the rank each running request was admitted with.
-        self._seq: dict[Request, int] = {}
-        self._waited: dict[Request, int] = {}
-        self._queued_at: dict[Request, int] = {}
-        self._rank: dict[Request, int] = {}
         self._host_blocks_to_free: list[int] = []  # swapped in last step: free from this one
 
     def add_request(self, req: Request) -> None:
-        self.waiting.append(req)
-        self._arrival[req] = next(self._arrivals)
-        self._seq[req] = self._arrival[req]
-        self._queued_at[req] = self.num_steps
+        self.waiting.add(req)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.waiting.step = self.num_steps
         if self.swap_space is not None and self._host_blocks_to_free:
             self.swap_space.free(self._host_blocks_to_free)  # their copies were made last step
             self._host_blocks_to_free = []
@@ -157,22 +127,13 @@ class Scheduler:
         """Take a finished (or aborted) request out and free its blocks."""
         if req in self.running:
             self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
+        self.waiting.forget(req)
         self.block_manager.free(req)
         if req.swap_blocks:  # aborted while swapped out
             assert self.swap_space is not None
             self.swap_space.free(req.swap_blocks)
             req.swap_blocks = []
         req.status = RequestStatus.FINISHED
-        self._forget(req)
-        for state in (self._seq, self._waited, self._queued_at, self._rank):
-            state.pop(req, None)
-
-    def _forget(self, req: Request) -> None:
-        self._arrival.pop(req, None)
-        self._overtaken.pop(req, None)
-        self._resuming.discard(req)
 
     def _prefill_chunk(self, num_left: int, budget: int, nothing_scheduled: bool) -> int:
         """Tokens of a prefill to run now: a chunk if chunking, else all or none (0).
@@ -231,31 +192,17 @@ class Scheduler:
             self.num_recomputed_tokens += req.num_computed_tokens
             req.num_computed_tokens, req.status = 0, RequestStatus.WAITING
         self.block_manager.free(req)
-        self._waited[req] = self._waited.get(req, 0)
-        self._queued_at[req] = self.num_steps
-        self._rank.pop(req, None)
-        if self.config.scheduling_policy == "priority":
-            self.waiting.append(req)  # sorted into place by rank at the next admission
-        else:
-            self.waiting.appendleft(req)
-            self._resuming.add(req)
+        self.waiting.put_back(req)
         self.num_preemptions += 1
-
-    def rank(self, req: Request) -> int:
-        """Under "priority": the request's priority less one per PRIORITY_AGING_STEPS waited."""
-        if req in self._rank:  # running: fixed at admission
-            return self._rank[req]
-        waited = self._waited.get(req, 0) + self.num_steps - self._queued_at.get(req, 0)
-        return req.priority - waited // PRIORITY_AGING_STEPS
 
     def _preempt_for_priority(self, out: SchedulerOutput) -> None:
         """Under "priority", preempt running requests of a worse rank than the first waiting
         one until it has a seat and blocks for its first chunk."""
         if self.config.scheduling_policy != "priority" or not self.waiting:
             return
-        self._order_waiting()
+        self.waiting.order()
         head, bm = self.waiting[0], self.block_manager
-        rank = self.rank(head)
+        rank, running_rank = self.waiting.rank(head), self.waiting.rank
         if head.swap_blocks:
             prefix, need = [], head.num_computed_tokens + 1
         else:
@@ -263,61 +210,15 @@ class Scheduler:
             num_cached = len(prefix) * bm.block_size
             need = num_cached + min(head.num_tokens - num_cached,
                                     self.config.max_num_batched_tokens)
-        while self.running and self._rank[self.running[-1]] > rank and (
+        while self.running and running_rank(self.running[-1]) > rank and (
                 len(self.running) >= self.config.max_num_seqs
                 or not bm.can_allocate(head, need, prefix)):
             self._preempt(self.running.pop(), out)
 
-    def _order_waiting(self) -> None:
-        """Under "priority", sort the queue by (rank, arrival). Under LPM: preempted requests
-        first (in their order), then those overtaken LPM_MAX_OVERTAKES times (by arrival), then
-        the rest by longest cached prefix (ties by arrival). Past LPM_MAX_WAITING requests:
-        preempted first, then by arrival."""
-        policy = self.config.scheduling_policy
-        if policy == "fcfs" or len(self.waiting) < 2:
-            return
-        if policy == "priority":
-            ordered = sorted(self.waiting, key=lambda req: (self.rank(req), self._seq[req]))
-            self.waiting.clear()
-            self.waiting.extend(ordered)
-            return
-        arrival, match_prefix = self._arrival, self.block_manager.match_prefix
-        if len(self.waiting) > LPM_MAX_WAITING:  # too long to match every request: FCFS
-            if not self._in_arrival_order:  # new arrivals append, so one sort keeps it so
-                self._sort_waiting(lambda req: (1, arrival[req]))
-                self._in_arrival_order = True
-            return
-
-        def longest_match_first(req: Request) -> tuple[int, int]:
-            if self._overtaken.get(req, 0) >= LPM_MAX_OVERTAKES:
-                return (1, arrival[req])
-            return (2, -len(match_prefix(req.token_ids).block_ids), arrival[req])
-
-        self._sort_waiting(longest_match_first)
-        self._in_arrival_order = False
-
-    def _sort_waiting(self, key: Callable[[Request], tuple[int, ...]]) -> None:
-        """Sort the queue in place by key, preempted requests first in the order they are in."""
-        ordered = sorted(enumerate(self.waiting), key=lambda item: (
-            (0, item[0]) if item[1] in self._resuming else key(item[1])))
-        self.waiting.clear()
-        self.waiting.extend(req for _, req in ordered)
-
-    def _count_overtakes(self, admitted: Request) -> None:
-        """Under LPM, every waiting request that arrived before the admitted one was overtaken
-        (a preempted request has no arrival number: it overtakes no one and is never passed)."""
-        arrival = self._arrival.get(admitted)
-        if (self.config.scheduling_policy != "lpm" or arrival is None
-                or len(self.waiting) > LPM_MAX_WAITING):
-            return
-        for req in self.waiting:
-            if self._arrival.get(req, arrival) < arrival:
-                self._overtaken[req] = self._overtaken.get(req, 0) + 1
-
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         """Admit waiting requests in order while the step has budget, seats and blocks."""
         if budget > 0 and len(self.running) < self.config.max_num_seqs:
-            self._order_waiting()
+            self.waiting.order()
         while self.waiting:
             if budget <= 0:
                 out.waiting_cause = "budget"
@@ -344,7 +245,7 @@ class Scheduler:
 
     def _admit_static_batch(self, out: SchedulerOutput) -> None:
         """Seat a whole batch at once, each with blocks for its whole prompt."""
-        self._order_waiting()
+        self.waiting.order()
         while self.waiting:
             if len(self.running) >= self.config.max_num_seqs:
                 out.waiting_cause = "seats"
@@ -361,9 +262,7 @@ class Scheduler:
     def _start(self, req: Request, num_cached_tokens: int, out: SchedulerOutput) -> None:
         """Move the head of the queue to running, its first num_cached_tokens already in the
         cache (a prefix hit, or the K/V of a swapped request, copied back now)."""
-        self.waiting.popleft()
-        self._count_overtakes(req)
-        self._forget(req)
+        rank = self.waiting.start(req)
         if req.swap_blocks:  # copy its K/V back into the first blocks of its new table
             assert self.swap_space is not None
             out.swap_in.extend(zip(req.swap_blocks, req.block_table))
@@ -376,11 +275,8 @@ class Scheduler:
             req.num_computed_tokens = num_cached_tokens
             req.num_prefill_tokens = req.num_tokens
         req.status = RequestStatus.RUNNING
-        rank = self.rank(req) if self.config.scheduling_policy == "priority" else 0
-        self._waited[req] = self._waited.get(req, 0) + self.num_steps - self._queued_at[req]
-        self._rank[req] = rank
         i = len(self.running)
-        while i > 0 and self._rank[self.running[i - 1]] > rank:
+        while i > 0 and self.waiting.rank(self.running[i - 1]) > rank:
             i -= 1  # behind every request of the same or a better rank
         self.running.insert(i, req)
 

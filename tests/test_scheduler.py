@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm import scheduler as scheduler_module
+from minillm import waiting_queue
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.request import Request, RequestStatus
@@ -124,7 +124,7 @@ class FakeEngine:
             # rank (running is kept in rank order), from those running before this step.
             assert out.preempted == running_before[::-1][:len(out.preempted)]
         if c.scheduling_policy == "priority":
-            ranks = [self.scheduler.rank(r) for r in self.scheduler.running]
+            ranks = [self.scheduler.waiting.rank(r) for r in self.scheduler.running]
             assert ranks == sorted(ranks)
 
     def copy_swapped(self, out: SchedulerOutput) -> None:
@@ -368,7 +368,7 @@ def test_an_urgent_arrival_preempts_the_worst_ranked_running_request() -> None:
 
 @pytest.mark.ch09
 def test_ageing_lifts_a_long_waiting_request_past_later_urgent_ones(monkeypatch) -> None:
-    monkeypatch.setattr(scheduler_module, "PRIORITY_AGING_STEPS", 4)
+    monkeypatch.setattr(waiting_queue, "PRIORITY_AGING_STEPS", 4)
     config = EngineConfig(block_size=2, max_num_seqs=1, max_num_batched_tokens=64,
                           scheduling_policy="priority")
     engine = FakeEngine(config, num_blocks=32)
@@ -445,7 +445,7 @@ def test_lpm_admits_the_longest_cached_prefix_first(policy: str, design: str) ->
 def test_lpm_admits_a_request_passed_over_too_often_in_arrival_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(scheduler_module, "LPM_MAX_OVERTAKES", 2)
+    monkeypatch.setattr(waiting_queue, "LPM_MAX_OVERTAKES", 2)
     engine = warm_engine("lpm", "radix")
     engine.add([9, 9, 9, 9, 9], max_tokens=2)  # "2": shares nothing, arrives first
     for _ in range(4):  # "3" to "6": each shares three blocks
@@ -456,7 +456,7 @@ def test_lpm_admits_a_request_passed_over_too_often_in_arrival_order(
 
 @pytest.mark.ch08
 def test_lpm_serves_a_long_queue_first_come_first_served(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler_module, "LPM_MAX_WAITING", 2)
+    monkeypatch.setattr(waiting_queue, "LPM_MAX_WAITING", 2)
     engine = warm_engine("lpm", "hash")
     engine.add([9, 9, 9, 9, 9], max_tokens=1)
     engine.add([1, 2, 3, 3, 3], max_tokens=1)

@@ -13,29 +13,18 @@ interactive anywidget (sliders, dropdowns) for JupyterLab.
 | ``prefix_cache.py`` | ``PrefixCacheView``: the prefix cache tree, holders, evictions |
 | ``prefix_tree.py`` | the tree layout behind ``PrefixCacheView`` |
 | ``timeline.py`` | ``BatchTimeline``: requests × steps, phases, token budget use |
+| ``token_chart.py`` | the per-step token chart under ``BatchTimeline`` |
+| ``pressure.py`` | swaps and waiting causes drawn on the trace views, the host pool panel |
 | ``roofline.py`` | ``RooflineExplorer``: the roofline with prefill and decode points |
 | ``kv_calculator.py`` | ``KVCalculator``: KV bytes and concurrent sequences per GPU |
 """
 
 from widgets.base import View, ViewWidget
 from widgets.block_table import BlockTableView
+from widgets.kv_calculator import KVCalculator
 from widgets.prefix_cache import PrefixCacheView
+from widgets.roofline import RooflineExplorer
 from widgets.timeline import BatchTimeline
 
-__all__ = ["View", "ViewWidget", "BlockTableView", "PrefixCacheView", "BatchTimeline"]
-
-# RooflineExplorer and KVCalculator are written alongside these views in roofline.py and
-# kv_calculator.py. Until both modules exist, import them guarded so the package still imports;
-# once they have landed, replace this block with plain imports.
-try:
-    from widgets.roofline import RooflineExplorer  # noqa: F401
-
-    __all__.append("RooflineExplorer")
-except ImportError:
-    pass
-try:
-    from widgets.kv_calculator import KVCalculator  # noqa: F401
-
-    __all__.append("KVCalculator")
-except ImportError:
-    pass
+__all__ = ["View", "ViewWidget", "BlockTableView", "PrefixCacheView", "BatchTimeline",
+           "RooflineExplorer", "KVCalculator"]
