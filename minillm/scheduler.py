@@ -97,7 +97,6 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        self.waiting.step = self.num_steps
         if self.swap_space is not None and self._host_blocks_to_free:
             self.swap_space.free(self._host_blocks_to_free)  # their copies were made last step
             self._host_blocks_to_free = []
@@ -121,6 +120,7 @@ class Scheduler:
             if not out.scheduled:
                 self._schedule_running(out, budget)
         self.num_steps += 1
+        self.waiting.step = self.num_steps  # arrivals before the next step wait from it
         return out
 
     def finish(self, req: Request) -> None:
@@ -227,6 +227,9 @@ class Scheduler:
                 out.waiting_cause = "seats"
                 return
             req = self.waiting[0]
+            if req in out.preempted:  # it just gave up its blocks for those ahead of it
+                out.waiting_cause = "blocks"
+                return
             if req.swap_blocks:  # its K/V wait in the host pool: no prefix to match
                 match, num_cached = None, req.num_computed_tokens
             else:

@@ -2,10 +2,13 @@
 
 - "fcfs": arrival order.
 - "priority": the lowest Request.priority first (vLLM's convention), ties by arrival. Waiting
-  ages a request: every PRIORITY_AGING_STEPS steps spent waiting lower its value by one, so a
-  steady stream of urgent requests delays the rest but cannot starve them. A request's rank
-  (priority less its ageing) is fixed when it is admitted; the scheduler keeps the running
-  batch in rank order and preempts from its worst end.
+  ages a request: its place in the queue is that of priority - steps_waited /
+  PRIORITY_AGING_STEPS, so a steady stream of urgent requests delays the rest but cannot starve
+  them. Because every waiting request ages at the same rate, that order never changes while
+  they wait: a request is inserted in place once (a binary search) and the queue is never
+  re-sorted. Its rank, priority - steps_waited // PRIORITY_AGING_STEPS, is what preemption
+  compares; it is fixed when the request is admitted, and the scheduler keeps the running batch
+  in rank order and preempts from its worst end.
 - "lpm" (SGLang's longest prefix match): the longest cached prefix first, so that requests
   sharing a prefix run while it is cached and fewer prefills are computed. Its risk is
   starvation: a request that shares nothing can be passed over for as long as others keep
@@ -19,6 +22,7 @@ take their rank's place, or a preempted victim would be readmitted at once.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -65,19 +69,33 @@ class WaitingQueue(deque):
 
     def add(self, req: Request) -> None:
         """A new arrival, at the back."""
-        self.append(req)
         self._arrival[req] = self._seq[req] = next(self._arrivals)
         self._queued_at[req] = self.step
+        self._insert(req)
 
     def put_back(self, req: Request) -> None:
         """A preempted request: at the front, or under "priority" in its rank's place."""
         self._queued_at[req] = self.step
         self._rank.pop(req, None)
         if self.policy == "priority":
-            self.append(req)  # sorted into place at the next order()
+            self._insert(req)
         else:
             self.appendleft(req)
             self._resuming.add(req)
+
+    def _insert(self, req: Request) -> None:
+        """At the back, or under "priority" in the place its aged priority gives it."""
+        if self.policy != "priority":
+            self.append(req)
+            return
+        key = self._priority_key(req)
+        self.insert(bisect.bisect(self, key, key=self._priority_key), req)
+
+    def _priority_key(self, req: Request) -> tuple[int, int]:
+        """PRIORITY_AGING_STEPS * (priority - steps waited / PRIORITY_AGING_STEPS) less the
+        current step, which all waiting requests share: a constant while req waits."""
+        waited_before = self._waited.get(req, 0) - self._queued_at[req]
+        return (req.priority * PRIORITY_AGING_STEPS - waited_before, self._seq[req])
 
     def rank(self, req: Request) -> int:
         """Under "priority": the priority less one per PRIORITY_AGING_STEPS waited (a running
@@ -112,14 +130,11 @@ class WaitingQueue(deque):
         self._resuming.discard(req)
 
     def order(self) -> None:
-        """Sort the queue for admission. "priority": by (rank, arrival). "lpm": preempted
-        requests first (in their order), then those overtaken LPM_MAX_OVERTAKES times (by
+        """Sort the queue for admission (under "priority" it stays sorted as requests join). LPM:
+        preempted requests first (in their order), then those overtaken LPM_MAX_OVERTAKES times (by
         arrival), then the rest by longest cached prefix (ties by arrival); past LPM_MAX_WAITING
         requests, preempted first, then by arrival."""
-        if self.policy == "fcfs" or len(self) < 2:
-            return
-        if self.policy == "priority":
-            self._sort(lambda req: (self.rank(req), self._seq[req]))
+        if self.policy != "lpm" or len(self) < 2:
             return
         arrival = self._arrival
         if len(self) > LPM_MAX_WAITING:  # too long to match every request: FCFS
