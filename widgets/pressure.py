@@ -90,16 +90,22 @@ def blocks_text(n: int | None) -> str:
     return "" if n is None else f" ({n} block{'s' * (n != 1)})"
 
 
+def swap_moves(rec: StepRecord, out_label: str, in_label: str) -> list[str]:
+    """The step's copies to and from the host pool, one phrase each (none: empty)."""
+    moves = []
+    if rec.swapped_out:
+        moves.append(f"{out_label} {', '.join(rec.swapped_out)} "
+                     f"({rec.swap_out_blocks} blocks → host)")
+    if rec.swapped_in:
+        moves.append(f"{in_label} {', '.join(rec.swapped_in)} "
+                     f"({rec.swap_in_blocks} blocks ← host)")
+    return moves
+
+
 def step_summary(rec: StepRecord, sizes: dict[str, list[tuple[int, int]]],
                  index: int) -> str:
     """One line on a step's memory pressure: swaps (with blocks), host pool, who waits and why."""
-    parts = []
-    if rec.swapped_out:
-        parts.append(f"swapped out req {', '.join(rec.swapped_out)} "
-                     f"({rec.swap_out_blocks} blocks → host)")
-    if rec.swapped_in:
-        parts.append(f"swapped in req {', '.join(rec.swapped_in)} "
-                     f"({rec.swap_in_blocks} blocks ← host)")
+    parts = swap_moves(rec, "swapped out req", "swapped in req")
     recomputed = [rid for rid in rec.preempted if rid not in rec.swapped_out]
     if recomputed:
         parts.append(f"preempted for recompute: req {', '.join(recomputed)}")
@@ -213,13 +219,7 @@ def host_panel_svg(rec: StepRecord, sizes: dict[str, list[tuple[int, int]]], ind
     if len(held) > MAX_HOST_ROWS:
         ty += 18
         out.append(s.text(x, ty, f"… and {len(held) - MAX_HOST_ROWS} more requests", size=10))
-    moves = []
-    if rec.swapped_out:
-        moves.append(f"swapped out this step: {', '.join(rec.swapped_out)} "
-                     f"({rec.swap_out_blocks} blocks → host)")
-    if rec.swapped_in:
-        moves.append(f"swapped in this step: {', '.join(rec.swapped_in)} "
-                     f"({rec.swap_in_blocks} blocks ← host)")
+    moves = swap_moves(rec, "swapped out this step:", "swapped in this step:")
     ty += 16
     out.append(s.text(x, ty, "   ".join(moves) or "no swap this step", size=10,
                       fill=SWAP_ROLE["swap-out"] if moves else s.ROLE["text"],
