@@ -54,4 +54,41 @@ def diagnose(d: Deployment) -> str:
 
 SOLUTIONS = {"09.1": diagnose}
 
-MODEL_ANSWERS: dict[str, str] = {}
+MODEL_ANSWERS: dict[str, str] = {
+    "09.2": """\
+**Model answer.** The host pool only has to hold the victims that are swapped out at the same
+time, not the whole KV pool. On the tiny model a block is 48 KiB, so 0.05 GiB is ~1,000 blocks
+and every preemption is a swap; shrink it to a few victims' worth and `num_swap_outs` falls
+below `num_preemptions`: the victims that find no room are recomputed, and
+`num_recomputed_tokens` climbs back toward the recompute run's. The tokens are identical in
+every run. In the simulator (Llama-3-8B, H100-SXM, 2,000 blocks of 2 MiB, 200 requests of
+1-2k prompt tokens at once, modelled): recompute preempts 125 times and recomputes 75,772
+tokens at 2,401 tokens/s; swap with 0.1 GiB (51 host blocks) swaps 67 of 107 and still
+recomputes 53,952 tokens (2,424 tokens/s); with 0.5 or 4 GiB all 93 preemptions are swaps, 17.8
+GB cross PCIe 5.0, nothing is recomputed, 2,481 tokens/s. The victims' worst ITL is ~0.83-0.85 s
+in all four: a victim waits for blocks far longer than its copy takes. So swap buys ~3% here and
+0.5 GiB is as good as 4. Pick recompute anyway when host memory is scarce or shared (pinned
+memory is taken from the OS for good), when the PCIe link is busy with other traffic (tensor
+parallel or offloading), when the victims are short (their prefill hides in a memory-bound
+decode step almost for free), or when steps must stay predictable: a swap stalls the step that
+makes it, a recompute spreads over chunked steps.""",
+    "09.3": """\
+**Model answer.** Ageing's price is set by how long the urgent stream can hold every seat. In
+the simulator (Llama-3-8B on an H100-SXM, 128 seats, chats of 100-300 + 100-300 tokens arriving
+at 120/s for 12.5 s, a little more than the server serves; five priority=1 jobs of 1,500 + 1,000
+tokens arriving at 5 s; modelled): with PRIORITY_AGING_STEPS = 100 the jobs start after 1.5 s
+and the chats' p99 TTFT is 3.39 s; at 1,000 the jobs wait 8.4 s and the chats' p99 is 2.29 s;
+at 10,000 the jobs wait 9.7 s, in effect until the chat burst ends, and the chats' p99 is 2.09
+s. A small value protects the jobs and costs the chats a second of tail; a large one is strict
+priority. On section 4's backlog the same small value is worse: the whole backlog ages past the
+chats at once and the chats queue behind it. Ageing by waiting time promises nothing about
+shares, only an eventual turn, and promotes everything that waited equally long at once. A rule
+to ship instead: a guaranteed share of seats (and of the token budget) per class, e.g. the
+batch class may always hold up to 10% of the seats and may borrow idle ones; chats preempt
+borrowed seats only. It promises chats ~90% of the capacity and a TTFT bounded by their own
+load, and jobs a throughput floor of 10% whatever the chats do, with no step count to tune.
+Weighted fair queueing over classes (a virtual time per class, charged by tokens computed)
+gives the same promise with smooth shares. Test: in the queue's order, pick the head from the
+class furthest below its share, then by priority; on both workloads the jobs' waiting time
+must stay below a bound set by their share and the chats' p99 must not grow on the backlog.""",
+}
