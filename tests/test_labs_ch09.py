@@ -106,5 +106,7 @@ def test_every_cause_has_a_hint_that_names_a_metric() -> None:
 
 
 @pytest.mark.ch09
-def test_no_model_answers_of_open_ended_exercises_yet() -> None:
-    assert MODEL_ANSWERS == {}
+def test_the_open_ended_exercises_have_model_answers_with_figures() -> None:
+    assert sorted(MODEL_ANSWERS) == ["09.2", "09.3"]
+    for answer in MODEL_ANSWERS.values():
+        assert answer.startswith("**Model answer.**") and any(c.isdigit() for c in answer)
