@@ -158,7 +158,8 @@ def _config(model: ModelLike) -> ModelConfig:
 
 
 def step_flops_bytes(model: ModelLike, entries: Iterable[tuple[int, int]],
-                     dtype_bytes: float = 2) -> tuple[float, float]:
+                     dtype_bytes: float = 2, *,
+                     kv_dtype_bytes: float | None = None) -> tuple[float, float]:
     """(FLOPs, bytes) of one forward step over a mixed batch.
 
     entries: one (num_new_tokens, context_len) pair per request, context_len counting the
@@ -170,7 +171,13 @@ def step_flops_bytes(model: ModelLike, entries: Iterable[tuple[int, int]],
     Bytes: the weights once per step (shared by the batch), + each request's K/V read over its
     context, + K/V written for the new tokens. Activations and logits are not counted: at the
     batch sizes that serve they are small next to the weights, or hidden under compute.
+    dtype_bytes prices each weight, kv_dtype_bytes each K/V number (None: dtype_bytes); an fp8
+    or int8 cache halves the KV term of a bf16 model and leaves the weights' term alone.
     """
+    if kv_dtype_bytes is not None and not 0 < kv_dtype_bytes < math.inf:
+        raise ValueError(f"kv_dtype_bytes must be a positive number or None, got "
+                         f"{kv_dtype_bytes!r}")
+    kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     s = _shape(_config(model))
     tokens = rows = pairs = kv_tokens = 0
     for n, c in entries:
@@ -185,7 +192,7 @@ def step_flops_bytes(model: ModelLike, entries: Iterable[tuple[int, int]],
         raise ValueError("entries is empty: a step runs at least one request")
     flops = (2 * s.layer_matmul_params * tokens + 2 * s.lm_head_params * rows
              + s.attn_flops_per_pair * pairs)
-    return flops, (s.read_params + s.kv_elems_per_token * kv_tokens) * dtype_bytes
+    return flops, s.read_params * dtype_bytes + s.kv_elems_per_token * kv_tokens * kv_bytes
 
 
 def attention_pairs(entries: Iterable[tuple[int, int]]) -> int:
@@ -198,7 +205,8 @@ def attention_pairs(entries: Iterable[tuple[int, int]]) -> int:
 def step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int, int]],
               dtype_bytes: float = 2, overhead: float = 0.0,
               overhead_per_token: float = 0.0, overhead_per_seq: float = 0.0,
-              overhead_per_pair: float = 0.0) -> StepCost:
+              overhead_per_pair: float = 0.0, *,
+              kv_dtype_bytes: float | None = None) -> StepCost:
     """The roofline time of one step over a mixed batch (see step_flops_bytes for entries):
     max(FLOPs / peak FLOP/s, bytes / bandwidth) plus what no roofline counts, in seconds:
     overhead per step (scheduling, kernel launches), overhead_per_token per new token (norms,
@@ -207,7 +215,7 @@ def step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int,
     (query, key) pair (attention_pairs: an attention that materialises its score matrix, as the
     PyTorch reference does, pays in bytes per pair that a fused kernel never writes). Peak rates
     are never reached in practice; calibrate the overheads (minillm.calibration), or pass
-    measured rates as a Hardware."""
+    measured rates as a Hardware. kv_dtype_bytes: bytes per K/V number, as in step_flops_bytes."""
     extras = {"overhead": overhead, "overhead_per_token": overhead_per_token,
               "overhead_per_seq": overhead_per_seq, "overhead_per_pair": overhead_per_pair}
     if any(not value >= 0 for value in extras.values()):
@@ -215,7 +223,7 @@ def step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int,
             f"{name}={value!r}" for name, value in extras.items()))
     device = hw if isinstance(hw, Hardware) else get_hardware(hw)
     entries = entries if isinstance(entries, Sequence) else list(entries)
-    flops, moved = step_flops_bytes(model, entries, dtype_bytes)
+    flops, moved = step_flops_bytes(model, entries, dtype_bytes, kv_dtype_bytes=kv_dtype_bytes)
     compute_time, memory_time = flops / device.flops, moved / device.bandwidth
     extra = overhead
     if overhead_per_token:
@@ -235,19 +243,24 @@ def _check_counts(**values: int | None) -> None:
 
 
 def decode_step_time(model: ModelLike, hw: Hardware | str, batch: int, context_len: int,
-                     dtype_bytes: float = 2, overhead: float = 0.0) -> StepCost:
+                     dtype_bytes: float = 2, overhead: float = 0.0, *,
+                     kv_dtype_bytes: float | None = None) -> StepCost:
     """One decode step: `batch` sequences each add one token to a context of context_len tokens
-    (counting the new one). At batch 1 this is the time per output token (TPOT)."""
+    (counting the new one). At batch 1 this is the time per output token (TPOT).
+    kv_dtype_bytes: bytes per K/V number (None: dtype_bytes)."""
     _check_counts(batch=batch, context_len=context_len)
-    return step_time(model, hw, [(1, context_len)] * batch, dtype_bytes, overhead)
+    return step_time(model, hw, [(1, context_len)] * batch, dtype_bytes, overhead,
+                     kv_dtype_bytes=kv_dtype_bytes)
 
 
 def prefill_time(model: ModelLike, hw: Hardware | str, prompt_len: int, batch: int = 1,
-                 dtype_bytes: float = 2, overhead: float = 0.0) -> StepCost:
+                 dtype_bytes: float = 2, overhead: float = 0.0, *,
+                 kv_dtype_bytes: float | None = None) -> StepCost:
     """One step that prefills `batch` prompts of prompt_len tokens from scratch: the time to
-    first token, before queueing."""
+    first token, before queueing. kv_dtype_bytes: bytes per K/V number (None: dtype_bytes)."""
     _check_counts(prompt_len=prompt_len, batch=batch)
-    return step_time(model, hw, [(prompt_len, prompt_len)] * batch, dtype_bytes, overhead)
+    return step_time(model, hw, [(prompt_len, prompt_len)] * batch, dtype_bytes, overhead,
+                     kv_dtype_bytes=kv_dtype_bytes)
 
 
 def prefill_crossover(model: ModelLike, hw: Hardware | str, dtype_bytes: float = 2) -> int:

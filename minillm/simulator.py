@@ -58,7 +58,8 @@ class SimulationResult:
 
 
 # A step's cost model: (model, hw, entries, dtype_bytes, overhead, per token, per request,
-# per attention pair) -> roofline.StepCost, as roofline.step_time.
+# per attention pair) -> roofline.StepCost, as roofline.step_time; called with the keyword
+# kv_dtype_bytes too, but only when the KV cache's dtype differs from the weights'.
 StepTimer = Callable[..., roofline.StepCost]
 
 
@@ -67,14 +68,17 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
              overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
              gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
-             step_time: StepTimer = roofline.step_time,
+             step_time: StepTimer = roofline.step_time, kv_dtype_bytes: float | None = None,
              **engine_kwargs: Any) -> SimulationResult:
     """Serve workload with the real scheduler on hw, timing each step with the roofline model.
 
     model: a name (minillm.models) or a ModelConfig; hw: a name or a roofline.Hardware.
     workload: open loop (arrival times honoured; a plain list of RequestSpec is one) or closed
     loop (workload.concurrency requests in flight, the next sent as one finishes).
-    dtype_bytes: bytes per weight and KV element. overhead: seconds added to every step (launch
+    dtype_bytes: bytes per weight (and per KV element unless kv_dtype_bytes is given);
+    kv_dtype_bytes: bytes per K or V number (1 for an fp8 or int8 cache): it sizes the pool's
+    blocks, so the same memory holds more of them, the bytes a swap moves and the KV reads of
+    each step. overhead: seconds added to every step (launch
     and framework time); overhead_per_token: seconds per new token of a step; overhead_per_seq:
     seconds per request in a step; overhead_per_pair: seconds per attention (query, key) pair
     (all as in roofline.step_time; minillm.calibration fits them on this machine, and
@@ -90,10 +94,11 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     """
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
-    config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs)
+    config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
+                            kv_dtype_bytes)
     sim = Simulator(mc, hardware, config, dtype_bytes,
                     (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
-                    record_block_tables, step_time)
+                    record_block_tables, step_time, kv_dtype_bytes=kv_dtype_bytes)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # millions of small objects and no cycles: collections would only rescan them
     try:
@@ -106,22 +111,24 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
 
 
 def resolve_config(model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
-                   gpu_memory_utilization: float, engine_kwargs: dict[str, Any]) -> EngineConfig:
+                   gpu_memory_utilization: float, engine_kwargs: dict[str, Any],
+                   kv_dtype_bytes: float | None = None) -> EngineConfig:
     """EngineConfig with max_model_len (default: the model's context) and num_kv_blocks set."""
     config = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
     max_len = config.max_model_len or model.max_position_embeddings
     blocks = config.num_kv_blocks or num_kv_blocks_for_memory(
-        model, hw, config.block_size, dtype_bytes, gpu_memory_utilization)
+        model, hw, config.block_size, dtype_bytes, gpu_memory_utilization, kv_dtype_bytes)
     return dataclasses.replace(config, max_model_len=max_len, num_kv_blocks=blocks)
 
 
 def num_kv_blocks_for_memory(model: ModelConfig, hw: roofline.Hardware, block_size: int,
-                             dtype_bytes: int, gpu_memory_utilization: float) -> int:
-    """KV blocks in gpu_memory_utilization * hw.memory bytes less the weights (vLLM's rule)."""
+                             dtype_bytes: int, gpu_memory_utilization: float,
+                             kv_dtype_bytes: float | None = None) -> int:
+    """KV blocks in gpu_memory_utilization * hw.memory bytes less the weights (vLLM's rule);
+    weights at dtype_bytes, blocks at kv_dtype_bytes per number (None: dtype_bytes)."""
     weights = sizing.weight_bytes(model, dtype_bytes)
     budget = hw.memory * gpu_memory_utilization - weights
-    block = kv_cache_block_bytes(model.num_hidden_layers, block_size, model.num_key_value_heads,
-                                 model.head_dim, dtype_bytes)
+    block = _block_bytes(model, block_size, dtype_bytes, kv_dtype_bytes)
     if budget < block:
         raise ValueError(
             f"the weights ({weights / 1e9:.1f} GB at {dtype_bytes} bytes) leave no room for KV "
@@ -130,15 +137,29 @@ def num_kv_blocks_for_memory(model: ModelConfig, hw: roofline.Hardware, block_si
     return int(budget // block)
 
 
+def _block_bytes(model: ModelConfig, block_size: int, dtype_bytes: float,
+                 kv_dtype_bytes: float | None) -> float:
+    """Bytes of one KV block: K and V of block_size tokens, every layer, at the KV's dtype."""
+    kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    if not 0 < kv_bytes < float("inf"):
+        raise ValueError(f"kv_dtype_bytes must be a positive number or None, got {kv_bytes!r}")
+    return kv_cache_block_bytes(model.num_hidden_layers, block_size, model.num_key_value_heads,
+                                model.head_dim, kv_bytes)
+
+
 class Simulator:
     """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
 
     def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
                  dtype_bytes: int = 2, overheads: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
-                 record_block_tables: bool = True, step_time: StepTimer = roofline.step_time):
+                 record_block_tables: bool = True, step_time: StepTimer = roofline.step_time,
+                 *, kv_dtype_bytes: float | None = None):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         self.model, self.hw, self.config = model, hw, config
         self.dtype_bytes = dtype_bytes
+        # Passed to step_time only when it differs, so cost models without the keyword still run.
+        self.step_kwargs = ({} if kv_dtype_bytes in (None, dtype_bytes)
+                            else {"kv_dtype_bytes": kv_dtype_bytes})
         # seconds per step, per new token, per request in the step, per attention pair
         (self.overhead, self.overhead_per_token, self.overhead_per_seq,
          self.overhead_per_pair) = (*overheads, 0.0, 0.0, 0.0, 0.0)[:4]
@@ -146,9 +167,7 @@ class Simulator:
         self.step_time = step_time
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
-        self.block_bytes = kv_cache_block_bytes(model.num_hidden_layers, config.block_size,
-                                                model.num_key_value_heads, model.head_dim,
-                                                dtype_bytes)
+        self.block_bytes = _block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes)
         swap_space = (SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
                       if config.preemption_mode == "swap" else None)
         self.scheduler = Scheduler(config, self.block_manager, swap_space)
@@ -240,7 +259,7 @@ class Simulator:
         batch = [(s.num_tokens, s.num_computed_tokens + s.num_tokens) for s in scheduled]
         cost = self.step_time(self.model, self.hw, batch, self.dtype_bytes, self.overhead,
                               self.overhead_per_token, self.overhead_per_seq,
-                              self.overhead_per_pair)
+                              self.overhead_per_pair, **self.step_kwargs)
         end = self.clock = start + swap_time + cost.time
         bm = self.block_manager
         for s in scheduled:
