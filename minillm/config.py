@@ -10,6 +10,7 @@ AttentionBackendName = Literal["auto", "torch", "triton"]
 PrefixCaching = Literal["hash", "radix"]
 SchedulingPolicy = Literal["fcfs", "priority", "lpm"]
 PreemptionMode = Literal["recompute", "swap"]
+Quantization = Literal["int8"]
 # Above this many blocks a step's trace copy of the cached free blocks (up to the whole pool)
 # would rival the step itself; chapters' pools stay well under it (8,192 at most).
 TRACE_BLOCKS_MAX_POOL = 16_384
@@ -51,6 +52,9 @@ class EngineConfig:
     max_trace_steps: keep at least the last max_trace_steps StepRecords and at most twice as
         many (trimmed in one cut, so a step stays O(1) on average); None keeps every step, as
         chapters that replay a whole run need. A long GPU run or a server sets it.
+    quantization: None (weights in the model's dtype) or "int8" (vLLM's name): the decoder
+        layers' projection weights quantized at load time to int8 with one scale per output
+        channel, activations kept in the model's dtype; see minillm.quant.int8.
     """
 
     block_size: int = 16
@@ -70,6 +74,7 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     trace_block_tables: bool | None = None
     max_trace_steps: int | None = None
+    quantization: Quantization | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -117,6 +122,9 @@ class EngineConfig:
         ):
             raise ValueError(
                 f"max_trace_steps must be a positive integer or None, got {self.max_trace_steps!r}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8' (weight-only int8, per "
+                             f"output channel), got {self.quantization!r}")
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):

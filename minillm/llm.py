@@ -16,6 +16,7 @@ from minillm.engine import Engine
 from minillm.kv_cache import kv_cache_block_bytes
 from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
+from minillm.quant.int8 import quantize_model
 from minillm.request import Request, RequestOutput
 from minillm.sampling import SamplingParams
 from minillm.tokenizer import load_tokenizer
@@ -177,6 +178,8 @@ class LLM:
             net = LlamaForCausalLM.from_pretrained(path, torch_dtype, dev)
             tokenizer = load_tokenizer(path)
             self.model_name = path.resolve().name  # what a server calls it by default
+        if config.quantization == "int8":  # before the pool is sized: it fits what is left
+            quantize_model(net)
         mc = net.config
         max_len = config.max_model_len or mc.max_position_embeddings
         if mc.sliding_window is not None and max_len > mc.sliding_window:
