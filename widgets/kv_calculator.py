@@ -4,8 +4,9 @@
 
 The picture is one bar of the device's memory split into the weights, the KV cache of the B
 sequences asked for, and what is left; the text under it substitutes the model's numbers into
-the formula and gives the KV wall (sizing.max_concurrency). The numbers come from
-``minillm.sizing``; this module only lays them out.
+the formula and gives the KV wall (sizing.max_concurrency). The KV cache may take its own dtype
+(kv_dtype: an fp8 or int8 cache next to bf16 weights), which is what moves the wall. The numbers
+come from ``minillm.sizing``; this module only lays them out.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from minillm.roofline import HARDWARE
 from minillm.sizing import (
     kv_bytes_per_token,
     kv_cache_bytes,
+    kv_cache_dtype_bytes,
     kv_dims,
     max_concurrency,
     weight_bytes,
@@ -29,6 +31,9 @@ from .svg import PALETTE, ROLE, hatch, legend, line, rect, svg, text
 WIDTH, HEIGHT = 640, 236
 OVER_PATTERN = "minillm-kv-over"  # the same id in every picture, so inlined copies agree
 BAR_X, BAR_Y, BAR_W, BAR_H = 20, 62, 600, 44
+SAME_AS_WEIGHTS = "same as weights"
+# The KV dtype choices, each a sizing.KV_CACHE_DTYPE_BYTES name ("same as weights" is "auto").
+KV_DTYPES = [SAME_AS_WEIGHTS, "bf16", "fp8", "int8"]
 COLORS = {"weights": PALETTE["blue"], "kv": PALETTE["orange"], "free": ROLE["free"],
           "over": PALETTE["vermillion"]}
 
@@ -50,31 +55,51 @@ class KVNumbers:
     weights: float
     memory: float
     max_sequences: int
+    kv_dtype: str = SAME_AS_WEIGHTS
+    kv_dtype_bytes: float | None = None  # None: dtype_bytes (the weights')
 
     @property
     def free(self) -> float:
         """Memory left after the weights and the batch's KV cache (negative: does not fit)."""
         return self.memory - self.weights - self.total
 
+    @property
+    def kv_bytes(self) -> float:
+        """Bytes per K or V number: kv_dtype_bytes, or the weights' dtype_bytes."""
+        return self.dtype_bytes if self.kv_dtype_bytes is None else self.kv_dtype_bytes
+
+    def kv_dtype_phrase(self) -> str:
+        """The KV dtype next to the weights', as the picture names it."""
+        if self.kv_dtype == SAME_AS_WEIGHTS:
+            return f"KV dtype as the weights ({self.kv_bytes:g} B)"
+        return f"{self.kv_dtype} KV ({self.kv_bytes:g} B; weights {self.dtype_bytes:g} B)"
+
     def formula(self) -> str:
         """The KV formula with this model's numbers substituted."""
-        n = f"{self.dtype_bytes:g}"
+        n = f"{self.kv_bytes:g}"
         return (f"2 · L · H_kv · D · S · B · bytes = 2 · {self.layers} · {self.kv_heads} · "
                 f"{self.head_dim} · {self.context_len:,} · {self.batch} · {n} = "
                 f"{self.total:,.0f} bytes ({fmt_bytes(self.total)})")
 
 
 def kv_numbers(model: str, context_len: int, batch: int, dtype_bytes: float,
-               hardware: str) -> KVNumbers:
-    """The calculator's numbers for one state, all from minillm.sizing."""
+               hardware: str, kv_dtype: str = SAME_AS_WEIGHTS) -> KVNumbers:
+    """The calculator's numbers for one state, all from minillm.sizing. dtype_bytes: bytes per
+    weight; kv_dtype: one of KV_DTYPES, the cache's dtype."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"unknown kv_dtype {kv_dtype!r}; choose from {', '.join(KV_DTYPES)}")
+    kv_bytes = kv_cache_dtype_bytes("auto" if kv_dtype == SAME_AS_WEIGHTS else kv_dtype,
+                                    dtype_bytes)
     layers, kv_heads, head_dim = kv_dims(model)
     return KVNumbers(
         model=model, hardware=hardware, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
         context_len=context_len, batch=batch, dtype_bytes=dtype_bytes,
-        per_token=kv_bytes_per_token(model, dtype_bytes),
-        total=kv_cache_bytes(model, context_len, batch, dtype_bytes),
+        per_token=kv_bytes_per_token(model, kv_bytes),
+        total=kv_cache_bytes(model, context_len, batch, kv_bytes),
         weights=weight_bytes(model, dtype_bytes), memory=HARDWARE[hardware].memory,
-        max_sequences=max_concurrency(model, hardware, context_len, dtype_bytes=dtype_bytes))
+        max_sequences=max_concurrency(model, hardware, context_len, dtype_bytes=dtype_bytes,
+                                      kv_dtype_bytes=kv_bytes),
+        kv_dtype=kv_dtype, kv_dtype_bytes=None if kv_dtype == SAME_AS_WEIGHTS else kv_bytes)
 
 
 def fmt_bytes(n: float) -> str:
@@ -120,8 +145,8 @@ def _lines(k: KVNumbers) -> list[tuple[str, dict]]:
     wall = (f"KV wall: at most {k.max_sequences:,} sequences of {k.context_len:,} tokens at once"
             if k.max_sequences else "the weights alone do not fit on this device")
     return [
-        (f"KV per token: 2 · {k.layers} · {k.kv_heads} · {k.head_dim} · {k.dtype_bytes:g} = "
-         f"{k.per_token:,.0f} bytes ({fmt_bytes(k.per_token)})", {}),
+        (f"KV per token, {k.kv_dtype_phrase()}: 2 · {k.layers} · {k.kv_heads} · {k.head_dim} · "
+         f"{k.kv_bytes:g} = {k.per_token:,.0f} bytes ({fmt_bytes(k.per_token)})", {}),
         ("KV bytes = 2 · L · H_kv · D · S · B · bytes", {}),
         ("= " + k.formula().split(" = ", 1)[1], {"font_weight": "bold"}),
         (f"weights: {fmt_bytes(k.weights)} · batch {k.batch}: {fits}",
@@ -132,10 +157,11 @@ def _lines(k: KVNumbers) -> list[tuple[str, dict]]:
 
 def kv_svg(k: KVNumbers) -> str:
     """The whole picture for one state, as a standalone <svg> string."""
+    kv_label = f"KV, {k.batch} seq" + ("" if k.kv_dtype == SAME_AS_WEIGHTS else f", {k.kv_dtype}")
     body = [rect(0, 0, WIDTH, HEIGHT, ROLE["background"]),
             text(BAR_X, 24, f"{k.model} KV cache on {k.hardware} ({fmt_bytes(k.memory)})",
                  size=14, font_weight="bold"),
-            legend([(COLORS["weights"], "weights"), (COLORS["kv"], f"KV, {k.batch} seq"),
+            legend([(COLORS["weights"], "weights"), (COLORS["kv"], kv_label),
                     (COLORS["free"], "free")], BAR_X, 48),
             _bar(k)]
     for i, (s, attrs) in enumerate(_lines(k)):
@@ -146,9 +172,11 @@ def kv_svg(k: KVNumbers) -> str:
 class KVCalculator(View):
     """KV-cache bytes (total and per token), weight bytes, and the most sequences of
     context_len tokens that fit at once on `hardware` (a roofline.HARDWARE name), for `batch`
-    sequences of `model` stored with dtype_bytes per element.
+    sequences of `model` with dtype_bytes per weight and its KV cache in kv_dtype (one of
+    KV_DTYPES: "same as weights", "bf16", "fp8", "int8").
 
         KVCalculator("llama-3-8b", context_len=8192, batch=16)      # shows itself in a notebook
+        KVCalculator(kv_dtype="fp8")                                # bf16 weights, fp8 KV
         KVCalculator().widget()                                     # with dropdowns and sliders
     """
 
@@ -157,24 +185,28 @@ class KVCalculator(View):
     batch = PositiveInt()
     dtype_bytes = PositiveNumber()
     hardware = Choice(list(HARDWARE))
+    kv_dtype = Choice(KV_DTYPES)
 
     def __init__(self, model: str = "llama-3-8b", context_len: int = 8192, batch: int = 1,
-                 dtype_bytes: float = 2, hardware: str = "H100-SXM"):
+                 dtype_bytes: float = 2, hardware: str = "H100-SXM",
+                 kv_dtype: str = SAME_AS_WEIGHTS):
         self.model, self.hardware, self.dtype_bytes = model, hardware, dtype_bytes
-        self.context_len, self.batch = context_len, batch
+        self.context_len, self.batch, self.kv_dtype = context_len, batch, kv_dtype
 
     def numbers(self) -> KVNumbers:
         """The calculator's numbers for the current state (see kv_numbers)."""
         return kv_numbers(self.model, self.context_len, self.batch, self.dtype_bytes,
-                          self.hardware)
+                          self.hardware, self.kv_dtype)
 
     def to_svg(self) -> str:
         """The memory bar and the formula with the numbers substituted."""
         return kv_svg(self.numbers())
 
     def controls(self) -> list[dict]:
-        """Dropdowns for model, hardware and dtype; sliders for context and batch."""
+        """Dropdowns for model, hardware, the weights' dtype and the KV's; sliders for context
+        and batch."""
         return [dropdown("model", models.names()), dropdown("hardware", list(HARDWARE)),
                 slider("context_len", 256, 131072, step=256, label="context tokens"),
                 slider("batch", 1, 256, label="sequences"),
-                dropdown("dtype_bytes", DTYPE_OPTIONS, label="dtype")]
+                dropdown("dtype_bytes", DTYPE_OPTIONS, label="weight dtype"),
+                dropdown("kv_dtype", KV_DTYPES, label="KV dtype")]
