@@ -200,6 +200,6 @@ def test_the_server_reads_priority_and_the_cli_the_knobs() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--scheduling-policy", "priority", "--preemption-mode", "swap",
-                              "--swap-space", "0.5"])
-    assert (args.scheduling_policy, args.preemption_mode, args.swap_space) == (
-        "priority", "swap", 0.5)
+                              "--swap-space", "0.5", "--quantization", "int8"])
+    assert (args.scheduling_policy, args.preemption_mode, args.swap_space, args.quantization) == (
+        "priority", "swap", 0.5, "int8")

@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "memory and back")
     parser.add_argument("--swap-space", type=float, default=4.0,
                         help="GiB of host memory for swapped KV (with --preemption-mode swap)")
+    parser.add_argument("--quantization", choices=["int8"], default=None,
+                        help="weight-only int8 with per-channel scales, quantized at load")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                         default=True)
     parser.add_argument("--enforce-eager", action="store_true",
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                   enable_prefix_caching=args.enable_prefix_caching,
                   prefix_caching=args.prefix_caching, scheduling_policy=args.scheduling_policy,
                   preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+                  quantization=args.quantization,
                   enable_chunked_prefill=args.enable_chunked_prefill,
                   enable_cuda_graphs=not args.enforce_eager, seed=args.seed,
                   max_trace_steps=10_000)  # a server runs for days: keep the recent steps
