@@ -136,7 +136,7 @@ def test_kv_controls_change_the_picture_and_state_round_trips() -> None:
     assert "2 · 32 · 8 · 128 · 1 = 65,536 bytes" in texts(view.to_svg())
     state = view.get_state()
     assert state == {"model": "llama-3-8b", "hardware": "H100-SXM", "context_len": 1024,
-                     "batch": 1, "dtype_bytes": 1}
+                     "batch": 1, "dtype_bytes": 1, "kv_dtype": "same as weights"}
     copy = KVCalculator()
     copy.set_state(state)
     assert copy.to_svg() == view.to_svg()
