@@ -41,6 +41,8 @@ Module map (one concept each):
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
+    quant/           weight-only int8 (per-channel scales; a Triton GEMM on CUDA): quantization=
+    quality.py       perplexity through the engine on the held-out play (assets/the_tempest.txt)
     calibration.py   fit the simulator's step overheads to this machine and report its error
     real_run.py      a workload served on the real engine in real time (wall or CPU clock)
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
