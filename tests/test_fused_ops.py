@@ -15,14 +15,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import inspect  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from aot_support import compile_in_subprocess  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from minillm import fused_ops  # noqa: E402
@@ -372,14 +369,7 @@ def compile_every_fused_kernel(arch: int, dtype_name: str) -> None:
 
 @pytest.mark.parametrize("arch, dtype_name", [(75, "fp16"), (80, "bf16"), (90, "bf16")])
 def test_every_fused_kernel_compiles_ahead_of_time(arch: int, dtype_name: str) -> None:
-    source = inspect.getsource(compile_every_fused_kernel)
-    code = f"{source}\ncompile_every_fused_kernel({arch}, {dtype_name!r})\n"
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    compile_in_subprocess(compile_every_fused_kernel, arch, dtype_name)
 
 
 def test_positions_past_the_checkpoints_window_extrapolate():

@@ -15,13 +15,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import inspect  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from aot_support import compile_in_subprocess  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -362,14 +359,7 @@ def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None
     (90, "bf16", 256)])
 def test_every_kernel_compiles_ahead_of_time(arch: int, dtype_name: str, block_d: int) -> None:
     # No GPU needed: triton compiles for a named target.
-    source = inspect.getsource(compile_every_kernel)
-    code = f"{source}\ncompile_every_kernel({arch}, {dtype_name!r}, {block_d})\n"
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9's default, stated to silence its warning
-    root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    compile_in_subprocess(compile_every_kernel, arch, dtype_name, block_d)
 
 
 def test_engine_with_triton_matches_torch_backend():

@@ -14,13 +14,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import inspect  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from aot_support import compile_in_subprocess  # noqa: E402
 from test_model import paged_logits  # noqa: E402  (teacher-forced logits at every position)
 
 from minillm import LLM, ModelConfig, SamplingParams  # noqa: E402
@@ -166,14 +163,7 @@ def compile_int8_kernel(arch: int, dtype_name: str) -> None:
                                               (90, "fp32")])  # sm_75 (T4): no bf16
 def test_int8_kernel_compiles_ahead_of_time(arch: int, dtype_name: str) -> None:
     # No GPU needed: triton compiles for a named target, as tests/test_kernels.py does.
-    source = inspect.getsource(compile_int8_kernel)
-    code = f"{source}\ncompile_int8_kernel({arch}, {dtype_name!r})\n"
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    compile_in_subprocess(compile_int8_kernel, arch, dtype_name)
 
 
 # ---- the engine --------------------------------------------------------------------------------
