@@ -29,7 +29,8 @@ Module map (one concept each):
     metrics.py       RequestMetrics (TTFT, TPOT, ITL, E2E) and summaries with percentiles
     trace.py         StepRecord: what each step ran, for the widgets
     sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
-    roofline.py      Hardware peaks, ridge points, the step cost model, measure_machine()
+    hardware.py      Hardware: datasheet peaks of common GPUs and their host links (HARDWARE)
+    roofline.py      ridge points, the step cost model, measure_machine()
     workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
     prefix_workload.py  shared-prefix and multi-turn workloads with explicit token ids, and
                      the ceiling an ideal prefix cache reaches on them
