@@ -58,7 +58,7 @@ Module map (one concept each):
 from minillm import models, roofline
 from minillm.config import EngineConfig
 from minillm.fleet import simulate_fleet
-from minillm.llm import LLM, default_model_path
+from minillm.llm import LLM, default_draft_path, default_model_path
 from minillm.metrics import RequestMetrics, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import RequestOutput
@@ -77,6 +77,7 @@ __all__ = [
     "ScheduledEntry",
     "StepRecord",
     "cost_per_million_tokens",
+    "default_draft_path",
     "default_model_path",
     "kv_cache_bytes",
     "max_concurrency",

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from minillm.spec.config import SpeculativeConfig
+
 Scheduling = Literal["continuous", "static"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
 PrefixCaching = Literal["hash", "radix"]
 SchedulingPolicy = Literal["fcfs", "priority", "lpm"]
 PreemptionMode = Literal["recompute", "swap"]
 Quantization = Literal["int8"]
+KVCacheDtype = Literal["auto", "int8", "fp8"]
 # Above this many blocks a step's trace copy of the cached free blocks (up to the whole pool)
 # would rival the step itself; chapters' pools stay well under it (8,192 at most).
 TRACE_BLOCKS_MAX_POOL = 16_384
@@ -55,6 +58,13 @@ class EngineConfig:
     quantization: None (weights in the model's dtype) or "int8" (vLLM's name): the decoder
         layers' projection weights quantized at load time to int8 with one scale per output
         channel, activations kept in the model's dtype; see minillm.quant.int8.
+    kv_cache_dtype: how the KV pool stores K and V (vLLM's name): "auto" (the model's dtype),
+        "int8" or "fp8" (e4m3), one byte per value with a scale per layer, K/V and KV head:
+        quantized as they are written, dequantized inside paged attention, so the same bytes
+        hold 2x the tokens of a 16-bit pool (4x of fp32); see minillm.quant.kv.
+    speculative_config: None, or speculative decoding's settings (minillm.spec): a
+        SpeculativeConfig or vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4,
+        "prompt_lookup_max": 3} or {"model": PATH, "num_speculative_tokens": 4}.
     """
 
     block_size: int = 16
@@ -75,6 +85,8 @@ class EngineConfig:
     trace_block_tables: bool | None = None
     max_trace_steps: int | None = None
     quantization: Quantization | None = None
+    kv_cache_dtype: KVCacheDtype = "auto"
+    speculative_config: SpeculativeConfig | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -125,6 +137,16 @@ class EngineConfig:
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8' (weight-only int8, per "
                              f"output channel), got {self.quantization!r}")
+        if self.kv_cache_dtype not in ("auto", "int8", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'int8' or 'fp8' (e4m3), "
+                             f"got {self.kv_cache_dtype!r}")
+        if isinstance(self.speculative_config, dict):  # vLLM's form, kept as the dataclass
+            object.__setattr__(self, "speculative_config",
+                               SpeculativeConfig.from_dict(self.speculative_config))
+        elif not (self.speculative_config is None
+                  or isinstance(self.speculative_config, SpeculativeConfig)):
+            raise ValueError(f"speculative_config must be None, a dict or a SpeculativeConfig, "
+                             f"got {self.speculative_config!r}")
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):

@@ -31,6 +31,12 @@ def default_model_path() -> Path:
     return Path(__file__).parent / "assets" / "tiny-shakespeare"
 
 
+def default_draft_path() -> Path:
+    """The folder of the shipped draft model for speculative decoding: ~0.8M parameters, the
+    tiny model's tokenizer (speculative_config={"model": default_draft_path(), ...})."""
+    return Path(__file__).parent / "assets" / "tiny-shakespeare-draft"
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
