@@ -49,7 +49,8 @@ class AttentionMetadata:
 @dataclass
 class Batch:
     """One step's model input. sample_indices picks the rows whose logits are sampled: the last
-    token of each request that reaches the end of its known tokens this step."""
+    token of each request that reaches the end of its known tokens this step and, under
+    speculative decoding, each of its proposed tokens after it (1 + k rows, in order)."""
 
     input_ids: torch.Tensor  # (T,)
     positions: torch.Tensor  # (T,)
@@ -59,28 +60,43 @@ class Batch:
 
 
 def build_batch(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> Batch:
+    """A request's rows are its tokens from num_computed_tokens on: known ones, then its
+    proposed ones (request.spec_token_ids) when it has them."""
+    rows, sample_rows, sampled = [], [], []
+    first_row = 0
+    for s in scheduled:
+        req, start = s.request, s.num_computed_tokens
+        spec = req.spec_token_ids
+        known_end = start + s.num_tokens - len(spec)
+        rows.append((req.token_ids[start:known_end] + spec, start, req.block_table))
+        first_row += s.num_tokens
+        if known_end == req.num_tokens:  # all known tokens in: the last one's logits pick the next
+            sample_rows += range(first_row - 1 - len(spec), first_row)
+            sampled.append(s)
+    input_ids, positions, attn, sample_d = flat_rows(rows, block_size, device, sample_rows)
+    return Batch(input_ids, positions, attn, sample_d, sampled)
+
+
+def flat_rows(rows: list[tuple[list[int], int, list[int]]], block_size: int, device: torch.device,
+              sample_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
+                                               torch.Tensor]:
+    """input_ids, positions, attention metadata and sample_rows on the device, for sequences
+    given as (token ids, position of the first, block table): each token goes to the slot its
+    position has in the table."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     query_start = [0]
     seq_lens: list[int] = []
-    sample_rows: list[int] = []
-    sampled: list[ScheduledRequest] = []
-    for s in scheduled:
-        req, start = s.request, s.num_computed_tokens
-        end = start + s.num_tokens
-        input_ids += req.token_ids[start:end]
+    for tokens, start, table in rows:
+        end = start + len(tokens)
+        input_ids += tokens
         positions += range(start, end)
-        table = req.block_table
         slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
-        query_start.append(query_start[-1] + s.num_tokens)
+        query_start.append(query_start[-1] + len(tokens))
         seq_lens.append(end)
-        if end == req.num_tokens:  # all known tokens computed: the last one's logits pick the next
-            sample_rows.append(query_start[-1] - 1)
-            sampled.append(s)
-    max_blocks = max(len(s.request.block_table) for s in scheduled)
-    tables = [s.request.block_table + [0] * (max_blocks - len(s.request.block_table))
-              for s in scheduled]
+    max_blocks = max(len(table) for _, _, table in rows)
+    tables = [table + [0] * (max_blocks - len(table)) for _, _, table in rows]
     # The step's metadata reaches the device here, once, in one copy per dtype from pinned
     # memory: the layers and the sampler read device tensors only, so nothing in the step
     # waits on a host-to-device copy (the attention backends must not build their own).
@@ -92,13 +108,13 @@ def build_batch(scheduled: list[ScheduledRequest], block_size: int, device: torc
         slot_mapping=slots_d,
         query_start_loc=query_start_d,
         seq_lens=seq_lens_d,
-        block_tables=tables_d.view(len(scheduled), max_blocks),
-        query_lens=[s.num_tokens for s in scheduled],
+        block_tables=tables_d.view(len(rows), max_blocks),
+        query_lens=[len(tokens) for tokens, _, _ in rows],
         seq_lens_cpu=seq_lens,
         query_start_cpu=query_start,
         block_size=block_size,
     )
-    return Batch(input_ids_d, positions_d, attn, sample_d, sampled)
+    return input_ids_d, positions_d, attn, sample_d
 
 
 def to_device(parts: list[list[int]], dtype: torch.dtype, device: torch.device

@@ -205,6 +205,19 @@ class BlockManager:
                 self._add_free(block_id)
         req.block_table = []
 
+    def trim(self, req: Request, num_tokens: int) -> None:
+        """Give back the blocks of req's table past its first num_tokens tokens: lookahead that
+        speculative decoding reserved and rejected tokens wrote to. They hold no computed
+        token, so no other request shares them and the prefix cache never registered them."""
+        keep = self.num_blocks_for(num_tokens)
+        for block_id in reversed(req.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count == 0 and not self.is_cached(block_id), "a lookahead block"
+            block.last_used = self.step
+            self._add_free(block_id)
+        del req.block_table[keep:]
+
     def _add_free(self, block_id: int) -> None:
         self.free_blocks[block_id] = None
         if self.is_cached(block_id):  # hash: only full, computed blocks carry a hash

@@ -44,6 +44,11 @@ class Request:
     num_prefill_tokens: int = 0  # tokens known at (re)admission: prefill runs until all are in
     block_table: list[int] = field(default_factory=list)
     swap_blocks: list[int] = field(default_factory=list)  # host blocks while swapped out
+    # Speculative decoding (minillm.spec): this step's proposed tokens, which follow token_ids
+    # in the batch but join them only once accepted, and how many tokens the draft model's own
+    # KV cache holds (its proposals are fed back to it; 0 after a preemption).
+    spec_token_ids: list[int] = field(default_factory=list)
+    num_draft_computed: int = 0
     finish_reason: FinishReason | None = None
     output_logprobs: list[dict[int, float]] = field(default_factory=list)
     text: str = ""

@@ -10,6 +10,9 @@ every step. A step has a token budget (max_num_batched_tokens) and a seat count 
 - Without it: whenever a waiting request fits, the step is a prefill step of whole prompts (the
   running decodes sit it out); otherwise it is a decode step.
 - "static" scheduling admits a batch only when the previous one has completely finished.
+- With speculative decoding (minillm.spec) a decode takes 1 + k tokens: its last token and up to
+  k proposed ones, which the target checks in one forward; the budget and the blocks are
+  reserved for all of them, and the engine gives back what the proposals did not use.
 
 Waiting requests are admitted in the order of scheduling_policy (minillm.waiting_queue: "fcfs",
 "priority" with ageing, or "lpm"). Admission is in order: whatever stops it (no seat, no blocks,
@@ -63,6 +66,8 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     waiting_cause: WaitingCause | None = None
     ran_dry: bool = False  # a running request found no block: the pool is full
+    num_draft_tokens: int = 0  # speculative tokens proposed and checked in the step
+    num_accepted_tokens: int = 0  # of those, the ones the target accepted
 
     @property
     def num_tokens(self) -> int:
@@ -154,7 +159,7 @@ class Scheduler:
             req = self.running[i]
             num_left = req.num_tokens - req.num_computed_tokens
             num_new = self._prefill_chunk(num_left, budget, not out.scheduled) if req.is_prefill \
-                else 1
+                else self._num_decode_tokens(req, budget)
             if num_new == 0:
                 i += 1
                 continue
@@ -164,6 +169,15 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _num_decode_tokens(self, req: Request, budget: int) -> int:
+        """1, plus under speculative decoding the lookahead: up to k proposed tokens, as many as
+        the budget holds and never more than the output still to come needs."""
+        spec = self.config.speculative_config
+        if spec is None:
+            return 1
+        still_to_come = req.params.max_tokens - req.num_output_tokens
+        return 1 + max(0, min(spec.num_speculative_tokens, budget - 1, still_to_come - 1))
 
     def _reserve(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Blocks for num_tokens of req, preempting from the back of running until they fit."""

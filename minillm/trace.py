@@ -72,6 +72,9 @@ class StepRecord:
     the host pool after the step. num_waiting counts the requests left waiting after the
     step's admissions and waiting_cause says what stopped admission (minillm.scheduler):
     "seats", "blocks", "budget" or "batch" (a static batch still running); None if none wait.
+
+    Speculative decoding: num_draft_tokens counts the tokens proposed and checked in the step
+    (a decode entry's num_tokens is 1 + its proposals), num_accepted_tokens those accepted.
     """
 
     step: int
@@ -91,6 +94,8 @@ class StepRecord:
     swapped: list[str] = field(default_factory=list)
     num_waiting: int = 0
     waiting_cause: str | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -124,4 +129,5 @@ def step_record(step: int, out: SchedulerOutput, start: float, end: float,
         swap_out_blocks=len(out.swap_out), swap_in_blocks=len(out.swap_in),
         swapped=[r.request_id for r in scheduler.waiting if r.swap_blocks]
         if scheduler.swap_space is not None else [],
-        num_waiting=len(scheduler.waiting), waiting_cause=out.waiting_cause)
+        num_waiting=len(scheduler.waiting), waiting_cause=out.waiting_cause,
+        num_draft_tokens=out.num_draft_tokens, num_accepted_tokens=out.num_accepted_tokens)
