@@ -1,0 +1,93 @@
+"""Speculative decoding's cost model (minillm.spec.cost): the formula E = (1 - a^(k+1)) / (1 - a)
+and its price on the roofline.
+
+Hand arithmetic for the H100 claims (Llama-3-8B in bf16, 16 GB of weights, 3.35 TB/s,
+989 TFLOP/s): a decode step at batch 1 reads the weights in ~4.5 ms and computes for ~0.02 ms,
+so checking 5 tokens instead of 1 costs ~nothing and the speedup is E(0.8, 4) = 3.36. Each
+request adds 5 * 16 GFLOP to the verify step, ~0.08 ms: past ~60 requests it is compute-bound,
+and at short contexts (256 tokens, little K/V to read) it costs more than E decode steps from
+~350 requests on, where speculation loses.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minillm import roofline
+from minillm.spec.cost import (
+    best_num_speculative_tokens,
+    expected_tokens_per_step,
+    speculative_speedup,
+    speculative_step_time,
+)
+
+TARGET, DRAFT, GPU = "llama-3-8b", "llama-3.2-1b", "H100-SXM"
+
+
+def test_formula_values() -> None:
+    assert expected_tokens_per_step(0.0, 4) == 1.0  # every proposal rejected: plain decode
+    assert expected_tokens_per_step(1.0, 4) == 5.0  # every proposal accepted, plus the bonus
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx(3.3616)  # 1 + .8 + .64 + ...
+    assert expected_tokens_per_step(0.5, 0) == 1.0
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8, 0.95])
+def test_formula_grows_with_k_and_alpha_within_its_bounds(alpha: float) -> None:
+    values = [expected_tokens_per_step(alpha, k) for k in range(0, 12)]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    for k, e in enumerate(values):
+        assert 1 <= e < min(k + 1, 1 / (1 - alpha)) or k == 0
+        assert expected_tokens_per_step(alpha + 0.04, k) >= e
+    assert values[-1] == pytest.approx(1 / (1 - alpha), rel=0.55)  # approaches the limit
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match=r"alpha must be a probability in \[0, 1\], got 1.5"):
+        expected_tokens_per_step(1.5, 4)
+    with pytest.raises(ValueError, match="k .* must be an integer >= 1, got 0"):
+        speculative_step_time(TARGET, GPU, 1, 256, 0)
+    with pytest.raises(ValueError, match="batch and context_len must be positive"):
+        speculative_speedup(TARGET, GPU, 0, 256, 4, 0.8)
+
+
+def test_verify_step_counts_k_plus_one_tokens_and_reads_weights_once() -> None:
+    spec = speculative_step_time(TARGET, GPU, 8, 256, 4)
+    plain = roofline.decode_step_time(TARGET, GPU, 8, 256)
+    assert spec.draft_time == 0.0  # prompt lookup: no draft model
+    assert spec.verify.flops == pytest.approx(5 * plain.flops, rel=0.01)  # logits rows too
+    assert spec.verify.bytes == pytest.approx(plain.bytes, rel=0.01)
+    assert float(spec) == spec.time == spec.verify.time
+
+
+def test_prompt_lookup_at_batch_1_on_h100_more_than_doubles_tokens_per_second() -> None:
+    speedup = speculative_speedup(TARGET, GPU, 1, 256, 4, 0.8)
+    assert speedup > 2
+    assert speedup == pytest.approx(expected_tokens_per_step(0.8, 4), rel=0.01)
+
+
+def test_the_win_shrinks_with_batch_and_turns_into_a_loss() -> None:
+    batches = [1, 16, 64, 128, 256, 352, 353, 512, 1024]
+    speedups = [speculative_speedup(TARGET, GPU, b, 256, 4, 0.8) for b in batches]
+    assert speedups == sorted(speedups, reverse=True)
+    assert speedups[batches.index(352)] > 1 > speedups[batches.index(353)]  # the crossing
+    # The verify step went compute-bound; plain decode at that batch is still memory-bound.
+    assert speculative_step_time(TARGET, GPU, 353, 256, 4).verify.bound == "compute"
+    assert roofline.decode_step_time(TARGET, GPU, 353, 256).bound == "memory"
+
+
+def test_a_draft_model_costs_time() -> None:
+    lookup = speculative_step_time(TARGET, GPU, 1, 256, 4)
+    drafted = speculative_step_time(TARGET, GPU, 1, 256, 4, draft=DRAFT)
+    one_draft_step = roofline.decode_step_time(DRAFT, GPU, 1, 256).time
+    assert drafted.verify == lookup.verify
+    assert drafted.draft_time == pytest.approx(4 * one_draft_step, rel=0.01)
+    assert 1 < speculative_speedup(TARGET, GPU, 1, 256, 4, 0.8, DRAFT) < \
+        speculative_speedup(TARGET, GPU, 1, 256, 4, 0.8)
+
+
+def test_best_k() -> None:
+    k, speedup = best_num_speculative_tokens(TARGET, GPU, 1, 256, 0.8, draft=DRAFT)
+    assert 1 <= k < 16 and speedup == speculative_speedup(TARGET, GPU, 1, 256, k, 0.8, DRAFT)
+    k_big_batch, _ = best_num_speculative_tokens(TARGET, GPU, 256, 256, 0.8, draft=DRAFT)
+    assert k_big_batch <= k
+    assert best_num_speculative_tokens(TARGET, GPU, 1024, 256, 0.3, draft=DRAFT) == (0, 1.0)
