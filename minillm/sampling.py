@@ -124,19 +124,10 @@ class Sampler:
         rows = [i for i, p in enumerate(params) if p.temperature > 0]
         if not rows:
             return logits.argmax(dim=-1)
-        settings = host_to_device(
-            [[params[i].temperature for i in rows], [params[i].top_k for i in rows],
-             [params[i].top_p for i in rows]], torch.float32, logits.device)  # (3, R)
-        # top_k rides along as float32, exact for any vocabulary below 2**24 tokens
-        temperature, top_k, top_p = settings
         every_row = len(rows) == len(params)
         row_ids = None if every_row else host_to_device(rows, torch.int64, logits.device)
-        scaled = (logits if every_row else logits[row_ids]) / temperature[:, None]  # (R, V)
-        if any(params[i].top_p < 1.0 for i in rows):  # top-p needs the sorted distribution
-            scaled = apply_top_k_top_p(scaled, top_k.long(), top_p)
-        elif any(params[i].top_k > 0 for i in rows):
-            scaled = apply_top_k(scaled, top_k.long(), max(params[i].top_k for i in rows))
-        chosen = exponential_race(scaled.softmax(dim=-1), [generators[i] for i in rows])
+        probs = filtered_probs(logits if every_row else logits[row_ids], [params[i] for i in rows])
+        chosen = exponential_race(probs, [generators[i] for i in rows])
         if every_row:
             return chosen
         tokens = logits.argmax(dim=-1)  # (B,): the greedy rows keep theirs
@@ -166,6 +157,46 @@ class Sampler:
             entry[int(row[0])] = row[1]
             result.append(entry)
         return SampleResult(token_ids, result)
+
+
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each row samples from: softmax(logits / temperature) over the row's top-k
+    and top-p set. logits (R, V) float32, every row with temperature > 0 -> (R, V)."""
+    settings = host_to_device(
+        [[p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params]],
+        torch.float32, logits.device)  # (3, R)
+    # top_k rides along as float32, exact for any vocabulary below 2**24 tokens
+    temperature, top_k, top_p = settings
+    scaled = logits / temperature[:, None]  # (R, V)
+    if any(p.top_p < 1.0 for p in params):  # top-p needs the sorted distribution
+        scaled = apply_top_k_top_p(scaled, top_k.long(), top_p)
+    elif any(p.top_k > 0 for p in params):
+        scaled = apply_top_k(scaled, top_k.long(), max(p.top_k for p in params))
+    return scaled.softmax(dim=-1)
+
+
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution the sampler draws each row's token from, written out: filtered_probs for
+    rows with temperature > 0, and for a greedy row all the mass on its argmax. (B, V) -> (B, V).
+    Speculative decoding's acceptance rule compares these (minillm.spec.rejection)."""
+    logits = logits.float()
+    probs = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    rows = [i for i, p in enumerate(params) if p.temperature > 0]
+    if rows:
+        row_ids = host_to_device(rows, torch.int64, logits.device)
+        probs[row_ids] = filtered_probs(logits[row_ids], [params[i] for i in rows])
+    return probs
+
+
+def draw(probs: torch.Tensor, params: list[SamplingParams],
+         generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of probs (R, V): the argmax for greedy rows, else a draw with the row's
+    generator (exponential_race). (R,) int64, no read-back."""
+    tokens = probs.argmax(dim=-1)
+    rows = [r for r, p in enumerate(params) if p.temperature > 0]
+    if rows:
+        tokens[rows] = exponential_race(probs[rows], [generators[r] for r in rows])
+    return tokens
 
 
 def exponential_race(probs: torch.Tensor, generators: list[torch.Generator | None]
