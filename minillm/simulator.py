@@ -27,7 +27,9 @@ from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
 from minillm.sampling import SamplingParams
-from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.spec.cost import with_verified_rows
+from minillm.spec.simulate import SimulatedSpeculation, is_speculative, split_speculation
 from minillm.swap import SwapSpace, num_swap_blocks
 from minillm.trace import StepRecord, step_record
 from minillm.workload import RequestSpec, Workload
@@ -51,6 +53,7 @@ class SimulationResult:
     model: ModelConfig
     hardware: roofline.Hardware
     wall_time: float
+    draft_model: ModelConfig | None = None  # the draft priced under speculative decoding
 
     def summary(self, slo: dict[str, float] | None = None) -> Summary:
         """minillm.metrics.summarize over every request; slo as in meets_slo (seconds)."""
@@ -69,6 +72,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
              gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
              step_time: StepTimer = roofline.step_time, kv_dtype_bytes: float | None = None,
+             acceptance_rate: float | None = None, draft_model: str | ModelConfig | None = None,
              **engine_kwargs: Any) -> SimulationResult:
     """Serve workload with the real scheduler on hw, timing each step with the roofline model.
 
@@ -91,14 +95,23 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     time and memory on runs of thousands of requests. With prefix caching, StepRecord.prefix_cache
     is recorded too, for pools up to TRACE_BLOCKS_MAX_POOL blocks (the engine's default rule): a
     snapshot of a GPU-sized cache every step would cost more than the simulation.
+    Speculative decoding: speculative_config={"method": "ngram", "num_speculative_tokens": k}
+    (an engine kwarg) with acceptance_rate, the chance that each proposed token is accepted
+    (drawn i.i.d., seeded by seed=); method "draft_model" prices draft_model's forwards too
+    (a name or ModelConfig; default: the config of speculative_config's "model" folder). See
+    minillm.spec.simulate; stats() then adds the spec_decode_* counters.
     """
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
+    engine_kwargs, speculation = split_speculation(engine_kwargs, acceptance_rate, draft_model,
+                                                   engine_kwargs.get("seed", 0))
+    draft = speculation.draft if speculation else None
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
-                            kv_dtype_bytes)
+                            kv_dtype_bytes, draft)
     sim = Simulator(mc, hardware, config, dtype_bytes,
                     (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
-                    record_block_tables, step_time, kv_dtype_bytes=kv_dtype_bytes)
+                    record_block_tables, step_time, kv_dtype_bytes=kv_dtype_bytes,
+                    speculation=speculation)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # millions of small objects and no cycles: collections would only rescan them
     try:
@@ -107,28 +120,32 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
         if gc_was_enabled:
             gc.enable()
     return SimulationResult(outputs, sim.trace, sim.stats(), config, mc, hardware,
-                            wall_time=time.perf_counter() - start)
+                            wall_time=time.perf_counter() - start,
+                            draft_model=draft)
 
 
 def resolve_config(model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
                    gpu_memory_utilization: float, engine_kwargs: dict[str, Any],
-                   kv_dtype_bytes: float | None = None) -> EngineConfig:
+                   kv_dtype_bytes: float | None = None, draft: ModelConfig | None = None
+                   ) -> EngineConfig:
     """EngineConfig with max_model_len (default: the model's context) and num_kv_blocks set."""
     config = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
     max_len = config.max_model_len or model.max_position_embeddings
     blocks = config.num_kv_blocks or num_kv_blocks_for_memory(
-        model, hw, config.block_size, dtype_bytes, gpu_memory_utilization, kv_dtype_bytes)
+        model, hw, config.block_size, dtype_bytes, gpu_memory_utilization, kv_dtype_bytes, draft)
     return dataclasses.replace(config, max_model_len=max_len, num_kv_blocks=blocks)
 
 
 def num_kv_blocks_for_memory(model: ModelConfig, hw: roofline.Hardware, block_size: int,
                              dtype_bytes: int, gpu_memory_utilization: float,
-                             kv_dtype_bytes: float | None = None) -> int:
+                             kv_dtype_bytes: float | None = None,
+                             draft: ModelConfig | None = None) -> int:
     """KV blocks in gpu_memory_utilization * hw.memory bytes less the weights (vLLM's rule);
-    weights at dtype_bytes, blocks at kv_dtype_bytes per number (None: dtype_bytes)."""
-    weights = sizing.weight_bytes(model, dtype_bytes)
+    weights at dtype_bytes, blocks at kv_dtype_bytes per number (None: dtype_bytes). A draft
+    model for speculative decoding takes its weights and its own K/V in every block too."""
+    weights = sum(sizing.weight_bytes(m, dtype_bytes) for m in (model, draft) if m is not None)
     budget = hw.memory * gpu_memory_utilization - weights
-    block = _block_bytes(model, block_size, dtype_bytes, kv_dtype_bytes)
+    block = _block_bytes(model, block_size, dtype_bytes, kv_dtype_bytes, draft)
     if budget < block:
         raise ValueError(
             f"the weights ({weights / 1e9:.1f} GB at {dtype_bytes} bytes) leave no room for KV "
@@ -138,13 +155,14 @@ def num_kv_blocks_for_memory(model: ModelConfig, hw: roofline.Hardware, block_si
 
 
 def _block_bytes(model: ModelConfig, block_size: int, dtype_bytes: float,
-                 kv_dtype_bytes: float | None) -> float:
-    """Bytes of one KV block: K and V of block_size tokens, every layer, at the KV's dtype."""
+                 kv_dtype_bytes: float | None, draft: ModelConfig | None = None) -> float:
+    """Bytes of one KV block: K and V of block_size tokens, every layer, at the KV's dtype (a
+    draft model's too: its cache follows the same block table)."""
     kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     if not 0 < kv_bytes < float("inf"):
         raise ValueError(f"kv_dtype_bytes must be a positive number or None, got {kv_bytes!r}")
-    return kv_cache_block_bytes(model.num_hidden_layers, block_size, model.num_key_value_heads,
-                                model.head_dim, kv_bytes)
+    return sum(kv_cache_block_bytes(m.num_hidden_layers, block_size, m.num_key_value_heads,
+                                    m.head_dim, kv_bytes) for m in (model, draft) if m is not None)
 
 
 class Simulator:
@@ -153,7 +171,8 @@ class Simulator:
     def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
                  dtype_bytes: int = 2, overheads: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
                  record_block_tables: bool = True, step_time: StepTimer = roofline.step_time,
-                 *, kv_dtype_bytes: float | None = None):
+                 *, kv_dtype_bytes: float | None = None,
+                 speculation: SimulatedSpeculation | None = None):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         self.model, self.hw, self.config = model, hw, config
         self.dtype_bytes = dtype_bytes
@@ -165,9 +184,11 @@ class Simulator:
          self.overhead_per_pair) = (*overheads, 0.0, 0.0, 0.0, 0.0)[:4]
         self.record_block_tables = record_block_tables
         self.step_time = step_time
+        self.speculation = speculation
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
-        self.block_bytes = _block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes)
+        self.block_bytes = _block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
+                                        speculation.draft if speculation else None)
         swap_space = (SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
                       if config.preemption_mode == "swap" else None)
         self.scheduler = Scheduler(config, self.block_manager, swap_space)
@@ -257,24 +278,54 @@ class Simulator:
         tables = ({s.request.request_id: list(s.request.block_table) for s in scheduled}
                   if self.record_block_tables else {})
         batch = [(s.num_tokens, s.num_computed_tokens + s.num_tokens) for s in scheduled]
-        cost = self.step_time(self.model, self.hw, batch, self.dtype_bytes, self.overhead,
-                              self.overhead_per_token, self.overhead_per_seq,
-                              self.overhead_per_pair, **self.step_kwargs)
-        end = self.clock = start + swap_time + cost.time
+        end = self.clock = start + swap_time + self._price(self.model, batch, scheduled)
         bm = self.block_manager
         for s in scheduled:
             req = s.request
-            req.num_computed_tokens += s.num_tokens
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = start
-            bm.cache_full_blocks(req)
+            if not is_speculative(s):  # a speculative decode advances by what is accepted
+                req.num_computed_tokens += s.num_tokens
+                bm.cache_full_blocks(req)
         finished = []
         for s in scheduled:  # all known tokens computed: the last one's "logits" give the next
-            if s.request.num_computed_tokens == len(s.request.token_ids) and \
+            if is_speculative(s):
+                if self._verify(s, out, end):
+                    finished.append(s.request)
+            elif s.request.num_computed_tokens == len(s.request.token_ids) and \
                     self._append_token(s.request, end):
                 finished.append(s.request)
         self._record(out, start, end, tables, finished)
         return finished
+
+    def _price(self, model: ModelConfig, batch: list[tuple[int, int]],
+                scheduled: Sequence[ScheduledRequest] = ()) -> float:
+        """Seconds of one forward of model over batch by the cost model; given the step's
+        scheduled requests, the target's forward also computes logits at every proposed token,
+        and a draft model's forwards come before it (minillm.spec.simulate)."""
+        cost = self.step_time(model, self.hw, batch, self.dtype_bytes, self.overhead,
+                              self.overhead_per_token, self.overhead_per_seq,
+                              self.overhead_per_pair, **self.step_kwargs)
+        if self.speculation is None or not scheduled:
+            return cost.time
+        proposed = sum(s.num_tokens - 1 for s in scheduled if is_speculative(s))
+        return (with_verified_rows(cost, model, self.hw, proposed).time
+                + self.speculation.draft_time(scheduled, self._price))
+
+    def _verify(self, s: ScheduledRequest, out: SchedulerOutput, now: float) -> bool:
+        """A speculative decode's outcome: j of its num_tokens - 1 proposals accepted, so its
+        last token and those j are computed and 1 + j tokens appended (the accepted ones and
+        the target's own); the blocks reserved past them go back. True if req finished."""
+        assert self.speculation is not None
+        req, accepted = s.request, self.speculation.accept(s.num_tokens - 1)
+        out.num_draft_tokens += s.num_tokens - 1
+        out.num_accepted_tokens += accepted
+        req.num_computed_tokens += 1 + accepted
+        for _ in range(1 + accepted):  # the scheduler proposes no more than max_tokens allows
+            self._add_token(req, now)
+        self.block_manager.cache_full_blocks(req)
+        self.block_manager.trim(req, req.num_tokens)
+        return self._finish_if_done(req, now)
 
     def _record(self, out: SchedulerOutput, start: float, end: float,
                 tables: dict[str, list[int]], finished: list[Request]) -> None:
@@ -286,21 +337,29 @@ class Simulator:
 
     def _append_token(self, req: Request, now: float) -> bool:
         """Append a fake token produced at now; True if req is done (finished and freed)."""
+        self._add_token(req, now)
+        return self._finish_if_done(req, now)
+
+    def _add_token(self, req: Request, now: float) -> None:
         tokens = req.token_ids
         tokens.append((tokens[-1] * 31 + len(tokens)) % self.model.vocab_size)
         m = req.metrics
         m.token_times.append(now)
         if m.first_token_time is None:
             m.first_token_time = now
-        if len(tokens) - len(req.prompt_token_ids) < req.params.max_tokens:
+
+    def _finish_if_done(self, req: Request, now: float) -> bool:
+        """At max_tokens, finish req and free its blocks; True if it finished."""
+        if len(req.token_ids) - len(req.prompt_token_ids) < req.params.max_tokens:
             return False
-        req.finish_reason, m.finished_time = "length", now
+        req.finish_reason, req.metrics.finished_time = "length", now
         self.scheduler.finish(req)
         return True
 
     def stats(self) -> dict[str, int]:
-        """The same counters as LLM.stats()."""
-        return self.scheduler.stats(self.block_bytes)
+        """The same counters as LLM.stats(); spec_decode_* too under speculative decoding."""
+        stats = self.scheduler.stats(self.block_bytes)
+        return stats if self.speculation is None else stats | self.speculation.stats()
 
 
 def goodput_curve(model: str | ModelConfig, hw: str | roofline.Hardware, rates: Sequence[float],
