@@ -1,0 +1,240 @@
+"""Speculative decoding in the engine: lossless (greedy and sampled), leak-free, counted.
+
+Greedy runs of the shipped model must give the very tokens of a plain run, whatever the
+proposer and whatever else the engine does meanwhile (chunked prefill, prefix caching,
+preemption by recompute or swap). Sampled runs of a tiny random model with an 8-token vocabulary
+must keep the target's distribution: a chi-square test over thousands of samples, which a
+deliberately wrong acceptance rule fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minillm import LLM, EngineConfig, ModelConfig, SamplingParams
+from minillm.engine import Engine
+from minillm.llm import default_draft_path, default_model_path
+from minillm.model import LlamaForCausalLM
+from minillm.serve.datasets import shakespeare_passages
+from minillm.spec import rejection
+from minillm.spec.config import SpeculativeConfig
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+
+
+def draft_config(k: int = 4) -> dict:
+    """The shipped draft if it is there; else the target drafts for itself (all accepted)."""
+    path = default_draft_path() if default_draft_path().is_dir() else default_model_path()
+    return {"model": str(path), "num_speculative_tokens": k}
+
+
+def prompts() -> list[str]:
+    """Shakespeare passages, two sharing a long prefix (prefix caching has something to hit)."""
+    passages = shakespeare_passages()[:4]
+    return passages + [passages[0] + "\nOPHELIA.\n"]
+
+
+def run(spec: dict | None, params: SamplingParams, **engine_args: object) -> LLM:
+    llm = LLM(speculative_config=spec, max_num_seqs=8, **engine_args)
+    llm.outputs = llm.generate(prompts(), params, use_tqdm=False)
+    return llm
+
+
+GREEDY = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+SETTINGS = {  # name: engine args; each squeezes the pool so that requests get preempted
+    "chunked+hash+recompute": dict(num_kv_blocks=24, max_num_batched_tokens=32,
+                                   enable_prefix_caching=True),
+    "radix+swap": dict(num_kv_blocks=24, max_num_batched_tokens=64, enable_prefix_caching=True,
+                       prefix_caching="radix", preemption_mode="swap", swap_space=0.01),
+    "no chunking+recompute": dict(num_kv_blocks=24, enable_chunked_prefill=False,
+                                  max_num_batched_tokens=512),
+}
+
+
+@pytest.fixture(scope="module")
+def plain() -> list[list[int]]:
+    return [o.token_ids for o in run(None, GREEDY, num_kv_blocks=256).outputs]
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_greedy_outputs_are_identical_with_speculation(plain, method, setting):
+    spec = NGRAM if method == "ngram" else draft_config()
+    llm = run(spec, GREEDY, **SETTINGS[setting])
+    assert [o.token_ids for o in llm.outputs] == plain
+    stats = llm.stats()
+    assert stats["num_preemptions"] > 0, "the setting should squeeze the pool"
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    assert stats["num_free_blocks"] == stats["num_blocks"], "a KV block leaked"
+    assert stats["num_swapped"] == 0 and stats["num_running"] == 0
+
+
+def test_speculation_takes_fewer_steps_and_counts_what_it_did():
+    llm = run(NGRAM, GREEDY, num_kv_blocks=256)
+    stats, trace = llm.stats(), llm.trace
+    assert stats["spec_decode_num_draft_tokens"] == sum(r.num_draft_tokens for r in trace)
+    assert stats["spec_decode_num_accepted_tokens"] == sum(r.num_accepted_tokens for r in trace)
+    assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
+    # every token is a sampled row's: one per verification plus the accepted proposals
+    produced = sum(len(o.token_ids) for o in llm.outputs)
+    decode_rows = sum(1 for r in trace for e in r.scheduled if e.phase == "decode")
+    assert produced == decode_rows + len(llm.outputs) + stats["spec_decode_num_accepted_tokens"]
+    plain_steps = len(run(None, GREEDY, num_kv_blocks=256).trace)
+    assert len(trace) < plain_steps
+    # a decode entry is its last token plus its proposals, never more than 1 + k
+    assert max(e.num_tokens for r in trace for e in r.scheduled if e.phase == "decode") <= 5
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted():
+    spec = {"model": str(default_model_path()), "num_speculative_tokens": 3}
+    sampled = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=1)
+    stats = run(spec, sampled, num_kv_blocks=256).stats()
+    assert stats["spec_decode_num_accepted_tokens"] == stats["spec_decode_num_draft_tokens"] > 0
+
+
+def test_stops_logprobs_and_lengths_match_a_plain_run():
+    params = SamplingParams(max_tokens=40, temperature=0, stop=["\n\n"], logprobs=2)
+    plain = run(None, params, num_kv_blocks=256).outputs
+    spec = run(NGRAM, params, num_kv_blocks=256).outputs
+    for a, b in zip(plain, spec):
+        assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)
+        assert len(a.logprobs) == len(b.logprobs) == len(a.token_ids)
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x.keys() == y.keys()
+            assert all(abs(x[t] - y[t]) < 1e-3 for t in x)
+
+
+# ---- the sampled distribution ----------------------------------------------------------------
+
+VOCAB = 8
+TINY = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                   max_position_embeddings=64)
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive: prompt lookup always finds something
+NUM_SAMPLES = 3000
+
+
+def spread(model: LlamaForCausalLM, seed: int) -> LlamaForCausalLM:
+    """Weights large enough that the next-token distributions are far from uniform."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+    return model
+
+
+def tiny_engine(spec: SpeculativeConfig | None, draft: LlamaForCausalLM | None = None) -> Engine:
+    target = spread(LlamaForCausalLM.random(TINY), seed=0)
+    config = EngineConfig(num_kv_blocks=2048, max_model_len=64, max_num_seqs=256,
+                          max_num_batched_tokens=4096, speculative_config=spec)
+    return Engine(target, None, config, draft_model=draft)
+
+
+def sample_pairs(engine: Engine) -> torch.Tensor:
+    """NUM_SAMPLES seeded requests; the counts of their first two tokens, (V, V). The second
+    one comes out of a verification (max_tokens=3 leaves room for one proposal after the
+    first token: a third token could follow)."""
+    for seed in range(NUM_SAMPLES):
+        engine.add_request(PROMPT, SamplingParams(max_tokens=3, temperature=1.0, seed=seed,
+                                                  ignore_eos=True))
+    counts = torch.zeros(VOCAB, VOCAB)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                counts[out.token_ids[0], out.token_ids[1]] += 1
+    return counts
+
+
+def exact_pairs(engine: Engine) -> torch.Tensor:
+    """The target's own probability of each first-two-tokens pair, (V, V), by plain forwards."""
+    plain = tiny_engine(None)
+    params = SamplingParams(max_tokens=1, logprobs=VOCAB, ignore_eos=True)
+    ids = [plain.add_request(PROMPT + t, params) for t in [[]] + [[v] for v in range(VOCAB)]]
+    done = {}
+    while plain.has_unfinished_requests():
+        done |= {o.request_id: o for o in plain.step() if o.finished}
+    probs = [torch.tensor([math.exp(done[i].logprobs[0][v]) for v in range(VOCAB)]) for i in ids]
+    return probs[0][:, None] * torch.stack(probs[1:])
+
+
+def chi_square_rejects(counts: torch.Tensor, expected_probs: torch.Tensor) -> bool:
+    """Pearson's test at the 0.1% level, cells with fewer than 5 expected samples pooled."""
+    expected = expected_probs.flatten() * counts.sum()
+    observed = counts.flatten()
+    small = expected < 5
+    e = torch.cat([expected[~small], expected[small].sum()[None]])
+    o = torch.cat([observed[~small], observed[small].sum()[None]])
+    stat = float(((o - e) ** 2 / e).sum())
+    df = len(e) - 1
+    z = 3.09  # the 0.999 quantile of N(0, 1); Wilson-Hilferty's chi-square quantile from it
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat > critical
+
+
+def ngram_spec() -> SpeculativeConfig:
+    return SpeculativeConfig("ngram", num_speculative_tokens=2, prompt_lookup_max=2)
+
+
+def draft_spec(tmp_path) -> SpeculativeConfig:
+    return SpeculativeConfig("draft_model", num_speculative_tokens=2, model=str(tmp_path))
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_sampled_outputs_keep_the_target_distribution(method, tmp_path):
+    if method == "ngram":
+        engine = tiny_engine(ngram_spec())
+    else:  # a draft that disagrees with the target: rejections and residual draws happen
+        draft = spread(LlamaForCausalLM.random(TINY), seed=1)
+        engine = tiny_engine(draft_spec(tmp_path), draft)
+    counts = sample_pairs(engine)
+    stats = engine.stats()
+    accepted, drafted = stats["spec_decode_num_accepted_tokens"], stats["spec_decode_num_draft_tokens"]
+    assert drafted >= NUM_SAMPLES // 10 and 0 < accepted < drafted  # both branches ran
+    exact = exact_pairs(engine)
+    assert not chi_square_rejects(counts, exact)
+    # and it has the power to see a 5% shift: the same counts against a distribution with 0.05
+    # of the mass moved from the likeliest pair to the next
+    first, second = exact.flatten().topk(2).indices
+    shifted = exact.flatten().clone()
+    shifted[first] -= 0.05
+    shifted[second] += 0.05
+    assert chi_square_rejects(counts, shifted.view_as(exact))
+
+
+def test_the_test_catches_a_biased_acceptance_rule(monkeypatch):
+    """Accepting every proposal (the draft's distribution leaks into the output) must fail."""
+    real = rejection.verify
+
+    def accept_all(logits, proposals, draft_probs, params, generators):
+        emitted = real(logits, proposals, draft_probs, params, generators)
+        return [d + e[len(d):][:1] if d else e for d, e in zip(proposals, emitted)]
+
+    monkeypatch.setattr("minillm.spec.decoder.verify", accept_all)
+    engine = tiny_engine(ngram_spec())
+    assert chi_square_rejects(sample_pairs(engine), exact_pairs(engine))
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec, message", [
+    ({"method": "ngram"}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"method": "medusa", "num_speculative_tokens": 2}, "'medusa'"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4}, "exceeds"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "typo": 1}, "typo"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
+    ({"model": "/no/such/folder", "num_speculative_tokens": 2}, "does not exist"),
+])
+def test_bad_speculative_configs_are_named(spec, message):
+    with pytest.raises((ValueError, OSError), match=message):
+        EngineConfig(speculative_config=spec)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
+    other = LlamaForCausalLM.random(ModelConfig(**{**TINY.__dict__, "vocab_size": 16}))
+    with pytest.raises(ValueError, match="vocabulary"):
+        tiny_engine(draft_spec(tmp_path), other)
