@@ -1,8 +1,18 @@
 """Speculative decoding: propose k tokens cheaply, check them all in one target forward.
 
 config: SpeculativeConfig (LLM(speculative_config={...})).
+cost: the tokens a target step yields (expected_tokens_per_step) and their price on the roofline
+    (speculative_step_time, speculative_speedup, best_num_speculative_tokens).
+simulate: the simulator's stand-in for proposing and checking (imported by minillm.simulator).
 """
 
 from minillm.spec.config import SpeculativeConfig
+from minillm.spec.cost import (
+    best_num_speculative_tokens,
+    expected_tokens_per_step,
+    speculative_speedup,
+    speculative_step_time,
+)
 
-__all__ = ["SpeculativeConfig"]
+__all__ = ["SpeculativeConfig", "best_num_speculative_tokens", "expected_tokens_per_step",
+           "speculative_speedup", "speculative_step_time"]
