@@ -9,6 +9,8 @@ engine's, and an H100-scale deployment of Llama-3-8B runs on a laptop CPU in sec
 
 Sampled tokens are fake but deterministic: a function of the request's tokens so far, like a
 model, so the prefix cache and recompute after preemption behave as in the engine.
+Under speculative decoding a seeded draw stands in for the model that accepts or rejects each
+decode's proposals (minillm.spec.simulate), and the step pays for verifying them and drafting.
 """
 
 from __future__ import annotations

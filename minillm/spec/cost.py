@@ -27,7 +27,8 @@ from minillm.models import ModelLike, as_config
 from minillm.roofline import StepCost, decode_step_time, step_time
 
 
-def _check_alpha(alpha: float) -> None:
+def check_acceptance_rate(alpha: float) -> None:
+    """A ValueError naming alpha unless it is a probability."""
     if not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
         raise ValueError(f"acceptance rate alpha must be a probability in [0, 1], got {alpha!r}")
 
@@ -43,7 +44,7 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     2023, eq. 1): the accepted run until the first rejection, plus the target's own token.
     1 at alpha = 0 (every proposal rejected: plain decode), k + 1 at alpha = 1; always below
     both k + 1 and 1 / (1 - alpha), the limit of an endless proposal."""
-    _check_alpha(alpha)
+    check_acceptance_rate(alpha)
     _check_k(k, least=0)
     if alpha == 1.0:
         return float(k + 1)

@@ -19,7 +19,7 @@ from minillm.model_config import ModelConfig
 from minillm.models import ModelLike, as_config
 from minillm.scheduler import ScheduledRequest
 from minillm.spec.config import SpeculativeConfig
-from minillm.spec.cost import _check_alpha
+from minillm.spec.cost import check_acceptance_rate
 
 
 def is_speculative(s: ScheduledRequest) -> bool:
@@ -41,7 +41,7 @@ class SimulatedSpeculation:
     rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _check_alpha(self.acceptance_rate)
+        check_acceptance_rate(self.acceptance_rate)
         self.rng = random.Random(self.seed)
 
     def accept(self, num_proposed: int) -> int:
