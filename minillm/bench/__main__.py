@@ -1,5 +1,5 @@
-"""python -m minillm.bench engine | serve | simulate | kernels | gpu | chapters: side-by-side
-figures, and the chapters run outside Jupyter."""
+"""python -m minillm.bench engine | serve | simulate | kernels | gpu | prefix | preempt | spec |
+chapters: side-by-side figures, and the chapters run outside Jupyter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,18 @@ import sys
 import torch
 
 from minillm import machine
-from minillm.bench import chapters, engine, gpu, kernels, preempt, prefix, serve, simulate, tiles
+from minillm.bench import (
+    chapters,
+    engine,
+    gpu,
+    kernels,
+    preempt,
+    prefix,
+    serve,
+    simulate,
+    spec,
+    tiles,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     tiles.add_arguments(sub.add_parser("tiles", help=tiles.__doc__.splitlines()[0]))
     prefix.add_arguments(sub.add_parser("prefix", help=prefix.__doc__.splitlines()[0]))
     preempt.add_arguments(sub.add_parser("preempt", help=preempt.__doc__.splitlines()[0]))
+    spec.add_arguments(sub.add_parser("spec", help=spec.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     # Every CPU figure is timed: on a small shared CPU, torch's threads must not stall behind
     # another process's (machine.settle_threads). On a GPU this changes nothing.
@@ -41,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return prefix.main(args)
     if args.command == "preempt":
         return preempt.main(args)
+    if args.command == "spec":
+        return spec.main(args)
     if args.command == "simulate":
         simulate.main(args)
         return 0

@@ -34,6 +34,11 @@ class SpeculativeDecoder:
         self.num_drafts = 0  # verifications with at least one proposed token
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        # Per position i of a proposal: how often a verification reached it (d_1..d_i-1 were
+        # accepted and d_i existed), and how often d_i was accepted then. Their ratio is the
+        # acceptance rate at i; pooled, the rate alpha of E = (1 - alpha^(k+1)) / (1 - alpha).
+        self.reached = [0] * config.num_speculative_tokens
+        self.accepted_at = [0] * config.num_speculative_tokens
 
     @classmethod
     def build(cls, config: SpeculativeConfig, target: LlamaForCausalLM, draft_model:
@@ -86,7 +91,16 @@ class SpeculativeDecoder:
                 self.num_accepted_tokens += len(tokens) - 1
                 out.num_draft_tokens += len(d)
                 out.num_accepted_tokens += len(tokens) - 1
+                for i in range(min(len(tokens), len(d))):
+                    self.reached[i] += 1
+                    self.accepted_at[i] += i < len(tokens) - 1
         return emitted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over reached, all positions pooled: the maximum-likelihood alpha of a model
+        in which each proposal is accepted independently with probability alpha."""
+        return sum(self.accepted_at) / max(sum(self.reached), 1)
 
     def stats(self) -> dict[str, int]:
         return {"spec_decode_num_drafts": self.num_drafts,
