@@ -176,6 +176,10 @@ class Simulator:
                  *, kv_dtype_bytes: float | None = None,
                  speculation: SimulatedSpeculation | None = None):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
+        if (config.speculative_config is None) != (speculation is None):
+            raise ValueError("speculative decoding needs both config.speculative_config and "
+                             "speculation=SimulatedSpeculation(acceptance_rate, draft), or "
+                             "neither (simulate builds it from acceptance_rate=)")
         self.model, self.hw, self.config = model, hw, config
         self.dtype_bytes = dtype_bytes
         # Passed to step_time only when it differs, so cost models without the keyword still run.
@@ -318,7 +322,7 @@ class Simulator:
         """A speculative decode's outcome: j of its num_tokens - 1 proposals accepted, so its
         last token and those j are computed and 1 + j tokens appended (the accepted ones and
         the target's own); the blocks reserved past them go back. True if req finished."""
-        assert self.speculation is not None
+        assert self.speculation is not None  # Simulator.__init__ checks it
         req, accepted = s.request, self.speculation.accept(s.num_tokens - 1)
         out.num_draft_tokens += s.num_tokens - 1
         out.num_accepted_tokens += accepted

@@ -14,10 +14,11 @@ import math
 
 import pytest
 
-from minillm import default_model_path
+from minillm import default_model_path, models, roofline
 from minillm.model_config import ModelConfig
-from minillm.simulator import SimulationResult, simulate
+from minillm.simulator import SimulationResult, Simulator, resolve_config, simulate
 from minillm.spec.cost import expected_tokens_per_step
+from minillm.spec.simulate import SimulatedSpeculation
 from minillm.trace import StepRecord
 from minillm.workload import RequestSpec
 
@@ -147,3 +148,11 @@ def test_a_draft_model_costs_memory_and_defaults_to_the_config_in_its_folder(tmp
 def test_bad_speculative_arguments_are_clear_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         simulate(TARGET, GPU, decode_heavy(1, 4), **kwargs)
+
+
+def test_a_simulator_with_a_speculative_config_needs_its_stand_in() -> None:
+    mc, hw = models.get(TARGET), roofline.get_hardware(GPU)
+    config = resolve_config(mc, hw, 2, 0.9, {"speculative_config": NGRAM})
+    with pytest.raises(ValueError, match="needs both config.speculative_config and speculation"):
+        Simulator(mc, hw, config)
+    Simulator(mc, hw, config, speculation=SimulatedSpeculation(0.5))
