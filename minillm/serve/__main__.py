@@ -10,11 +10,23 @@ recompute or swap (to --swap-space GiB of host memory) says what preemption does
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from minillm.llm import LLM, default_model_path
+
+
+def json_object(text: str) -> dict:
+    """A command-line JSON object, or an error that shows what was given."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GiB of host memory for swapped KV (with --preemption-mode swap)")
     parser.add_argument("--quantization", choices=["int8"], default=None,
                         help="weight-only int8 with per-channel scales, quantized at load")
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "int8", "fp8"], default="auto",
+                        help="how the KV cache stores K and V: the model's dtype, or one byte "
+                             "per value with per-head scales (int8, fp8 e4m3)")
+    parser.add_argument("--speculative-config", type=json_object, default=None,
+                        help="speculative decoding as JSON (vLLM's form), e.g. "
+                             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                         default=True)
     parser.add_argument("--enforce-eager", action="store_true",
@@ -78,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                   enable_prefix_caching=args.enable_prefix_caching,
                   prefix_caching=args.prefix_caching, scheduling_policy=args.scheduling_policy,
                   preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-                  quantization=args.quantization,
+                  quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                  speculative_config=args.speculative_config,
                   enable_chunked_prefill=args.enable_chunked_prefill,
                   enable_cuda_graphs=not args.enforce_eager, seed=args.seed,
                   max_trace_steps=10_000)  # a server runs for days: keep the recent steps

@@ -50,6 +50,13 @@ class ServerMetrics:
                                 "Prompt tokens whose KV the prefix cache held.")
         self.preemptions = make(Counter, "vllm:num_preemptions",
                                 "Requests preempted (their KV recomputed or swapped).")
+        # Speculative decoding's counters, present when the engine speculates (as in vLLM).
+        self.spec_counters = [
+            (make(Counter, f"vllm:{key}", doc), key) for key, doc in (
+                ("spec_decode_num_drafts", "Verifications of proposed tokens."),
+                ("spec_decode_num_draft_tokens", "Tokens proposed."),
+                ("spec_decode_num_accepted_tokens", "Proposed tokens the target accepted."))
+        ] if engine.spec is not None else []
         self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = make(Counter, "vllm:generation_tokens", "Tokens generated.")
         self.ttft = make(Histogram, "vllm:time_to_first_token_seconds",
@@ -73,22 +80,29 @@ class ServerMetrics:
         self.kv_usage.set(1.0 - stats["num_free_blocks"] / stats["num_blocks"])
         for counter, key in ((self.prefix_queries, "prefix_cache_query_tokens"),
                              (self.prefix_hits, "prefix_cache_hit_tokens"),
-                             (self.preemptions, "num_preemptions")):  # vLLM counts tokens too
+                             (self.preemptions, "num_preemptions"),  # vLLM counts tokens too
+                             *self.spec_counters):
             counter.inc(max(stats[key] - self._stats[key], 0))
         self._stats = stats
 
     def on_step(self, outputs: list[RequestOutput]) -> None:
-        """One token per output: its latency goes to the histograms."""
+        """The step's tokens of each output (one; more under speculative decoding, which all
+        carry the step's time): their latencies go to the histograms."""
         self.refresh()
         for out in outputs:
             m = out.metrics
-            self.generation_tokens.inc()
-            if len(m.token_times) == 1:  # the request's first token
-                self.prompt_tokens.inc(len(out.prompt_token_ids))
-                self.ttft.observe(m.ttft or 0.0)
-                self.queue.observe(m.queue_time or 0.0)
-            else:
-                self.itl.observe(m.token_times[-1] - m.token_times[-2])
+            times = m.token_times
+            new = 1
+            while new < len(times) and times[-1 - new] == times[-1]:
+                new += 1
+            self.generation_tokens.inc(new)
+            for i in range(len(times) - new, len(times)):
+                if i == 0:  # the request's first token
+                    self.prompt_tokens.inc(len(out.prompt_token_ids))
+                    self.ttft.observe(m.ttft or 0.0)
+                    self.queue.observe(m.queue_time or 0.0)
+                else:
+                    self.itl.observe(times[i] - times[i - 1])
             if out.finished and m.e2e is not None:
                 self.e2e.observe(m.e2e)
 
