@@ -238,3 +238,17 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     other = LlamaForCausalLM.random(ModelConfig(**{**TINY.__dict__, "vocab_size": 16}))
     with pytest.raises(ValueError, match="vocabulary"):
         tiny_engine(draft_spec(tmp_path), other)
+
+
+def test_the_triton_backend_verifies_as_the_reference_does():
+    """The verification forward runs through the extend kernel (decode rows of 1 + k tokens)."""
+    shape = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, max_position_embeddings=128)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    plain = LLM(shape, num_kv_blocks=16, attention_backend="torch")
+    spec = LLM(shape, num_kv_blocks=16, attention_backend="triton", speculative_config=NGRAM)
+    want = plain.generate([prompt], params, use_tqdm=False)[0].token_ids
+    assert spec.generate([prompt], params, use_tqdm=False)[0].token_ids == want
+    assert spec.stats()["spec_decode_num_draft_tokens"] > 0
