@@ -43,6 +43,8 @@ Module map (one concept each):
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
     quant/           weight-only int8 (per-channel scales; a Triton GEMM on CUDA): quantization=
+    spec/            speculative decoding: prompt lookup or a draft model proposes, one target
+                     forward checks (rejection sampling: lossless); its cost model
     quality.py       perplexity through the engine on the held-out play (assets/the_tempest.txt)
     calibration.py   fit the simulator's step overheads to this machine and report its error
     real_run.py      a workload served on the real engine in real time (wall or CPU clock)
@@ -50,9 +52,9 @@ Module map (one concept each):
     machine.py       describe() / settle_threads(): the hardware a chapter measured on
     train/           the training script of the shipped tiny model (python -m minillm.train)
     cli.py           the `minillm` console script: minillm serve ..., minillm bench ...
-    bench/           python -m minillm.bench engine|serve|simulate|prefix|preempt|kernels|gpu|
-                     tiles|chapters: side-by-side ratios; gpu_checks.py: the GPU tests and a chapter
-                     for `bench gpu`
+    bench/           python -m minillm.bench engine|serve|simulate|prefix|preempt|spec|quant|
+                     kernels|gpu|tiles|chapters: side-by-side ratios; gpu_checks.py: the GPU
+                     tests and a chapter for `bench gpu`
 """
 
 from minillm import models, roofline
