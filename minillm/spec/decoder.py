@@ -15,7 +15,10 @@ import dataclasses
 
 import torch
 
+from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
+from minillm.request import Request
+from minillm.sampling import Sampler
 from minillm.scheduler import ScheduledRequest, SchedulerOutput
 from minillm.spec.config import SpeculativeConfig
 from minillm.spec.draft import DraftModelProposer
@@ -95,6 +98,35 @@ class SpeculativeDecoder:
                     self.reached[i] += 1
                     self.accepted_at[i] += i < len(tokens) - 1
         return emitted
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, sampled: list[ScheduledRequest], emitted: list[list[int]]
+                 ) -> list[list[dict[int, float] | None]]:
+        """The logprobs of each emitted token, from the row that predicted it (a request's rows
+        are its 1 + k sample rows, in order), for the requests that ask for them."""
+        if all(s.request.params.logprobs is None for s in sampled):
+            return [[None] * len(tokens) for tokens in emitted]
+        rows, params, first = [], [], 0
+        for s, tokens in zip(sampled, emitted):
+            rows += range(first, first + len(tokens))
+            params += [s.request.params] * len(tokens)
+            first += 1 + len(s.request.spec_token_ids)
+        flat = torch.tensor([t for tokens in emitted for t in tokens], device=logits.device)
+        per_row = Sampler._with_logprobs(logits[rows].float(), params, flat).logprobs
+        out, i = [], 0
+        for tokens in emitted:
+            out.append(per_row[i:i + len(tokens)])
+            i += len(tokens)
+        return out
+
+    @staticmethod
+    def settle(req: Request, block_manager: BlockManager) -> None:
+        """After a step that may have proposed for req (still running): register its newly full
+        blocks (its accepted tokens are in token_ids now), give back the lookahead blocks its
+        tokens do not reach, and keep the draft's cache count within what was accepted."""
+        block_manager.cache_full_blocks(req)
+        block_manager.trim(req, req.num_tokens)
+        req.num_draft_computed = min(req.num_draft_computed, req.num_computed_tokens)
 
     @property
     def acceptance_rate(self) -> float:
