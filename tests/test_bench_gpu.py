@@ -259,3 +259,23 @@ def test_bench_tiles_says_it_needs_a_gpu(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench_tiles.main(argparse.Namespace(kernel="both")) == 1
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_the_int8_gemv_figure_measures_the_kernel_against_copy_and_bf16(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figure's arithmetic on the CPU (interpreted kernel, a wall clock for CUDA events):
+    bytes are the int8 weight, its scales and the bf16 row in and out."""
+    import time
+
+    def wall(fn, repeats=1, calls=1):
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    monkeypatch.setattr(kernels, "cuda_time", wall)
+    bandwidth, versus_bf16 = kernels.int8_gemv_figures(64, 32, 1e10, torch.device("cpu"))
+    assert bandwidth.unit == "GB/s" and bandwidth.target == 0.60
+    assert bandwidth.ratio == pytest.approx(bandwidth.value * 1e9 / 1e10)
+    seconds = (64 * 32 + 4 * 64 + 2 * (32 + 64)) / (bandwidth.value * 1e9)
+    assert versus_bf16.value == pytest.approx(seconds * 1e6)
+    assert versus_bf16.ratio == pytest.approx(versus_bf16.baseline / versus_bf16.value)

@@ -7,6 +7,9 @@
   prompt (QK^T and PV over the S(S+1)/2 visible pairs: 4 D H S(S+1)/2 FLOP), against a dense
   bf16 matmul of the same run.
 - Both also against torch's scaled_dot_product_attention on contiguous (unpaged) K/V.
+- The int8 weight GEMV (minillm.quant.int8_kernel, one token's row through a Llama-3-8B MLP
+  weight, 14336 x 4096): achieved bandwidth against the copy, and its time against a bf16
+  GEMV of the same weight, which reads twice the bytes (the ideal is 2x).
 Shapes are Llama-3-8B's attention (H 32 query heads, K 8 KV heads, D 128, bf16; blocks of P 16).
 Every time is the median of several CUDA-event timings after a warm-up. CUDA only.
 """
@@ -163,6 +166,32 @@ def prefill_figures(shape: AttentionShape, tokens: int, matmul: float, device: t
     ]
 
 
+def int8_gemv_figures(out_features: int, in_features: int, copy_bw: float, device: torch.device
+                      ) -> list[Figure]:
+    """One row x an int8 (N, K) weight with per-row scales: the bytes it must move (the int8
+    weight, its fp32 scales, the bf16 row in and out) over its time, against the copy; and
+    against torch's bf16 GEMV on the same weight dequantized."""
+    from minillm.quant.int8 import dequantize, quantize_per_channel
+    from minillm.quant.int8_kernel import int8_matmul
+
+    N, K = out_features, in_features
+    weight = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K**0.5
+    qweight, scale = quantize_per_channel(weight)
+    dense = dequantize(qweight, scale, torch.bfloat16)
+    x = torch.randn(1, K, device=device, dtype=torch.bfloat16)
+    nbytes = N * K + 4 * N + 2 * (K + N)
+    int8 = cuda_time(lambda: int8_matmul(x, qweight, scale))
+    bf16 = cuda_time(lambda: F.linear(x, dense))
+    name = f"int8 GEMV {N}x{K}"
+    gbs = nbytes / int8 / 1e9
+    return [
+        Figure(f"{name}: Triton int8 kernel", gbs, "GB/s", "device-to-device copy",
+               copy_bw / 1e9, gbs * 1e9 / copy_bw, target=0.60),
+        Figure(f"{name}: Triton int8 kernel", int8 * 1e6, "us", "bf16 GEMV (cuBLAS)",
+               bf16 * 1e6, bf16 / int8),
+    ]
+
+
 @dataclass(frozen=True)
 class Baselines:
     copy_bandwidth: float  # bytes/s, read + write
@@ -178,6 +207,8 @@ def kernel_figures(args: argparse.Namespace, base: Baselines, device: torch.devi
     figures = decode_figures(LLAMA_3_8B, args.batch, args.context, base.copy_bandwidth, device)
     torch.cuda.empty_cache()
     figures += prefill_figures(LLAMA_3_8B, args.prefill_tokens, base.matmul_flops, device)
+    torch.cuda.empty_cache()
+    figures += int8_gemv_figures(14336, 4096, base.copy_bandwidth, device)
     torch.cuda.empty_cache()
     return figures
 
