@@ -14,8 +14,9 @@ import math
 
 import pytest
 
-from minillm import default_model_path, models, roofline
+from minillm import LLM, default_model_path, models, roofline, workload
 from minillm.model_config import ModelConfig
+from minillm.sampling import SamplingParams
 from minillm.simulator import SimulationResult, Simulator, resolve_config, simulate
 from minillm.spec.cost import expected_tokens_per_step
 from minillm.spec.simulate import SimulatedSpeculation
@@ -156,3 +157,30 @@ def test_a_simulator_with_a_speculative_config_needs_its_stand_in() -> None:
     with pytest.raises(ValueError, match="needs both config.speculative_config and speculation"):
         Simulator(mc, hw, config)
     Simulator(mc, hw, config, speculation=SimulatedSpeculation(0.5))
+
+
+def test_at_full_acceptance_the_simulator_schedules_what_the_engine_does() -> None:
+    """The engine with the target as its own draft, greedy: every proposal is accepted, which
+    is the simulator at acceptance_rate=1. Same steps, block tables and counters, through
+    preemption and prefix caching (output tokens differ: the simulator's are fake)."""
+    shipped = ModelConfig.from_pretrained(default_model_path())
+    work = workload.shared_prefix(5, math.inf, prefix_len=16, num_prefixes=2,
+                                  suffix_len=(4, 40), output_len=(3, 16), seed=1)
+    spec = {"model": str(default_model_path()), "num_speculative_tokens": 3}
+    kwargs = dict(max_num_seqs=3, max_num_batched_tokens=32, num_kv_blocks=10, block_size=8,
+                  enable_prefix_caching=True, speculative_config=spec)
+    llm = LLM(device="cpu", dtype="float32", **kwargs)
+    llm.generate([s.token_ids(shipped.vocab_size) for s in work],
+                 [SamplingParams(max_tokens=s.output_len, temperature=0.0, ignore_eos=True)
+                  for s in work], use_tqdm=False)
+    sim = simulate(shipped, GPU, work, acceptance_rate=1.0, **kwargs)
+
+    def steps(trace: list[StepRecord]) -> list[tuple]:
+        return [([(e.request_id, e.phase, e.num_tokens, e.num_computed_tokens)
+                  for e in r.scheduled], r.preempted, r.finished, r.num_free_blocks,
+                 r.block_tables, r.num_draft_tokens, r.num_accepted_tokens) for r in trace]
+
+    assert steps(sim.trace) == steps(llm.trace)
+    assert sim.stats == llm.stats()
+    assert sim.stats["num_preemptions"] > 0 and sim.stats["prefix_cache_hits"] > 0
+    assert sim.stats["spec_decode_num_accepted_tokens"] > 20
