@@ -13,6 +13,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm import LLM, default_model_path, models, roofline, workload
 from minillm.model_config import ModelConfig
@@ -184,3 +186,26 @@ def test_at_full_acceptance_the_simulator_schedules_what_the_engine_does() -> No
     assert sim.stats == llm.stats()
     assert sim.stats["num_preemptions"] > 0 and sim.stats["prefix_cache_hits"] > 0
     assert sim.stats["spec_decode_num_accepted_tokens"] > 20
+
+
+@settings(max_examples=60, deadline=None)
+@given(alpha=st.floats(0.0, 1.0), k=st.integers(1, 6), seed=st.integers(0, 9),
+       outputs=st.lists(st.integers(1, 30), min_size=1, max_size=6),
+       chunked=st.booleans(), caching=st.booleans())
+def test_any_speculative_run_ends_whole_and_counts_agree(
+        alpha: float, k: int, seed: int, outputs: list[int], chunked: bool,
+        caching: bool) -> None:
+    shipped = ModelConfig.from_pretrained(default_model_path())
+    work = [RequestSpec(0.0, 12, out, prefix_id=0, prefix_len=8) for out in outputs]
+    run = speculative(work, alpha, model=shipped, seed=seed, num_kv_blocks=16, block_size=4,
+                      max_num_seqs=4, max_num_batched_tokens=24, enable_chunked_prefill=chunked,
+                      enable_prefix_caching=caching,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": k})
+    assert [len(o.token_ids) for o in run.outputs] == outputs  # never past max_tokens
+    assert run.stats["num_free_blocks"] == 16  # simulate also raises on a leak
+    stats = run.stats
+    assert stats["spec_decode_num_draft_tokens"] == sum(r.num_draft_tokens for r in run.trace)
+    assert stats["spec_decode_num_accepted_tokens"] == sum(r.num_accepted_tokens
+                                                           for r in run.trace)
+    assert all(r.num_accepted_tokens <= r.num_draft_tokens <= k * len(r.scheduled)
+               for r in run.trace)
