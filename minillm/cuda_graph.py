@@ -115,11 +115,13 @@ class DecodeGraphRunner:
 
     model, kv_cache (L, 2, N, P, K, D) and backend are the engine's; config must be resolved
     (max_model_len set). capture=True records the graphs now (CUDA only); capture=False runs
-    the same padded static buffers eagerly.
+    the same padded static buffers eagerly. kv_scales (L, 2, K): the scales of an int8 or fp8
+    pool (minillm.quant.kv), captured by address like the pool, so the graphs dequantize too.
     """
 
     def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, backend: TritonAttention,
-                 config: EngineConfig, capture: bool = True):
+                 config: EngineConfig, capture: bool = True,
+                 kv_scales: torch.Tensor | None = None):
         if backend.name != "triton":
             raise ValueError("decode graphs need the triton attention backend: the torch "
                              "reference reads max(seq_lens) back to the host, which a graph "
@@ -131,6 +133,7 @@ class DecodeGraphRunner:
             raise ValueError("config.max_model_len must be resolved: it fixes the block tables' "
                              "width")
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
+        self.kv_scales = kv_scales
         self.buckets = bucket_sizes(config.max_num_seqs)
         max_blocks = -(-config.max_model_len // config.block_size)
         self.inputs = StaticInputs.allocate(self.buckets[-1], max_blocks, kv_cache.device)
@@ -174,7 +177,7 @@ class DecodeGraphRunner:
             return self.outputs[bucket]
         meta = self.metadata[bucket]
         return self.model(self.inputs.input_ids[:bucket], self.inputs.positions[:bucket],
-                          self.kv_cache, meta, self.backend)
+                          self.kv_cache, meta, self.backend, kv_scales=self.kv_scales)
 
     @torch.inference_mode()
     def capture(self) -> None:

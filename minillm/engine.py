@@ -14,8 +14,9 @@ from minillm.attention import get_backend
 from minillm.batch import Batch, build_batch
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
-from minillm.kv_cache import BlockManager, allocate_kv_cache
+from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
+from minillm.quant.kv import allocate_kv_pool
 from minillm.request import Request, RequestOutput
 from minillm.sampling import Sampler, SampleResult, SamplingParams
 from minillm.scheduler import Scheduler, SchedulerOutput
@@ -34,11 +35,9 @@ class Engine:
                  clock: Callable[[], float] = time.perf_counter):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         self.model, self.tokenizer, self.config, self.clock = model, tokenizer, config, clock
-        mc = model.config
         self.device = model.lm_head.weight.device
-        self.kv_cache = allocate_kv_cache(
-            mc.num_hidden_layers, config.num_kv_blocks, config.block_size,
-            mc.num_key_value_heads, mc.head_dim, model.lm_head.weight.dtype, self.device)
+        # kv_scales (L, 2, K): None for a pool in the model's dtype (kv_cache_dtype="auto").
+        self.kv_cache, self.kv_scales = allocate_kv_pool(model, tokenizer, config)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
         # One block across all layers, K and V: what a swap moves per block.
@@ -53,7 +52,8 @@ class Engine:
         self.graph_runner: DecodeGraphRunner | None = None
         if (config.enable_cuda_graphs and self.device.type == "cuda"
                 and self.backend.name == "triton"):
-            self.graph_runner = DecodeGraphRunner(model, self.kv_cache, self.backend, config)
+            self.graph_runner = DecodeGraphRunner(model, self.kv_cache, self.backend, config,
+                                                  kv_scales=self.kv_scales)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -208,8 +208,11 @@ class Engine:
         """Hidden states (T, E). A decode-only step replays a CUDA graph when one fits it."""
         if self.graph_runner is not None and self.graph_runner.can_run(batch.attn):
             return self.graph_runner.run(batch.input_ids, batch.positions, batch.attn)
+        if self.kv_scales is None:  # a pool in the model's dtype: the call as it always was
+            return self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
+                              self.backend)
         return self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
-                          self.backend)
+                          self.backend, kv_scales=self.kv_scales)
 
     def _sample(self, batch: Batch, hidden: torch.Tensor) -> SampleResult:
         if not batch.sampled:  # every request in the step is mid-prefill

@@ -13,10 +13,10 @@ from tqdm.auto import tqdm
 
 from minillm.config import EngineConfig
 from minillm.engine import Engine
-from minillm.kv_cache import kv_cache_block_bytes
 from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
 from minillm.quant.int8 import quantize_model
+from minillm.quant.kv import kv_pool_block_bytes
 from minillm.request import Request, RequestOutput
 from minillm.sampling import SamplingParams
 from minillm.tokenizer import load_tokenizer
@@ -94,9 +94,7 @@ def num_kv_blocks_for_memory(config: EngineConfig, model: LlamaForCausalLM, max_
     on a CPU, a quarter of gpu_memory_utilization's share of the RAM. Either way no more than
     every seat holding a full-length sequence: more blocks would only keep more cached
     prefixes, and a tiny model would get millions of blocks on a big GPU."""
-    mc, weight = model.config, model.lm_head.weight
-    block_bytes = kv_cache_block_bytes(mc.num_hidden_layers, config.block_size,
-                                       mc.num_key_value_heads, mc.head_dim, weight.element_size())
+    block_bytes = kv_pool_block_bytes(model, config)
     seats = config.max_num_seqs * -(-max_model_len // config.block_size)
     if report is not None:
         blocks = kv_pool_bytes(report, config.gpu_memory_utilization) // block_bytes
@@ -205,10 +203,7 @@ class LLM:
             return num_kv_blocks_for_memory(config, net, max_len)
         report = profile_memory(net, config, max_len)
         blocks = num_kv_blocks_for_memory(config, net, max_len, report)
-        mc = net.config
-        block_bytes = kv_cache_block_bytes(mc.num_hidden_layers, config.block_size,
-                                           mc.num_key_value_heads, mc.head_dim,
-                                           net.lm_head.weight.element_size())
+        block_bytes = kv_pool_block_bytes(net, config)
         print(describe_pool(blocks, block_bytes, config.block_size, report))
         return blocks
 

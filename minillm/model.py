@@ -123,8 +123,10 @@ class Attention(nn.Module):
         self.fused = False  # split and rotate in one Triton kernel (LlamaForCausalLM.fuse)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: TorchAttention) -> torch.Tensor:
-        """x (T, E), rope (T, D) from Rotary -> (T, E)."""
+                meta: AttentionMetadata, backend: TorchAttention,
+                kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, E), rope (T, D) from Rotary -> (T, E). kv_scales (2, K): this layer's, for an
+        int8 or fp8 cache (minillm.quant.kv); None when the cache is in x's dtype."""
         T = x.shape[0]
         qkv = self.qkv_proj(x)  # (T, E) -> (T, (H + 2K) D)
         if self.fused:
@@ -132,7 +134,10 @@ class Attention(nn.Module):
             q, k, v = fused_ops.qkv_rotary(qkv, rope, self.H, self.K)
         else:
             q, k, v = split_qkv_rotary(qkv, rope, self.H, self.K)
-        out = backend.forward(q, k, v, kv_cache, meta)  # (T, H, D)
+        if kv_scales is None:  # the call every backend takes
+            out = backend.forward(q, k, v, kv_cache, meta)  # (T, H, D)
+        else:
+            out = backend.forward(q, k, v, kv_cache, meta, kv_scales)
         return self.o_proj(out.reshape(T, self.H * self.D))  # (T, H*D) -> (T, E)
 
 
@@ -163,14 +168,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata, backend: TorchAttention
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                kv_cache: torch.Tensor, meta: AttentionMetadata, backend: TorchAttention,
+                kv_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The previous block's output x and the residual stream before it (None for the first
         layer) -> this layer's MLP output and the stream before it, (T, E) each. Each norm adds
         the pending output to the stream as it normalises (one fused kernel), so the stream is
         x + attention + MLP exactly as written the usual way."""
         h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, rope, kv_cache, meta, backend)
+        h = self.self_attn(h, rope, kv_cache, meta, backend, kv_scales)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -211,13 +216,17 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: TorchAttention) -> torch.Tensor:
-        """input_ids, positions (T,); kv_cache (L, 2, N, P, K, D) -> hidden states (T, E)."""
+                meta: AttentionMetadata, backend: TorchAttention,
+                kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions (T,); kv_cache (L, 2, N, P, K, D) -> hidden states (T, E).
+        kv_scales (L, 2, K) fp32 go with an int8 or fp8 pool (minillm.quant.kv); None (a pool
+        in the model's dtype) calls every layer and backend exactly as without them."""
         x = self.model.embed_tokens(input_ids)  # (T, E)
         rope = self.model.rotary(positions, x.dtype)  # (T, D)
         residual = None
-        for layer, layer_cache in zip(self.model.layers, kv_cache):
-            x, residual = layer(x, residual, rope, layer_cache, meta, backend)
+        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, kv_cache)):
+            layer_scales = None if kv_scales is None else kv_scales[i]  # (2, K)
+            x, residual = layer(x, residual, rope, layer_cache, meta, backend, layer_scales)
         return self.model.norm(x, residual)[0]
 
     def fuse(self, enabled: bool = True) -> LlamaForCausalLM:

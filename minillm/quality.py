@@ -72,9 +72,10 @@ def perplexity(llm: LLM, text: str | None = None, window: int = 256,
     windows = [ids[i * window:(i + 1) * window + 1] for i in range((len(ids) - 1) // window)]
     blocks_each = -(-(window + 1) // P)
     mc = engine.model.config
+    # In the engine's KV dtype, with its scales: an int8 or fp8 pool is measured as it serves.
     kv_cache = allocate_kv_cache(mc.num_hidden_layers, blocks_each * windows_per_step, P,
-                                 mc.num_key_value_heads, mc.head_dim,
-                                 engine.model.lm_head.weight.dtype, engine.device)
+                                 mc.num_key_value_heads, mc.head_dim, engine.kv_cache.dtype,
+                                 engine.device)
     total, count = 0.0, 0
     for start in range(0, len(windows), windows_per_step):
         scheduled = []
@@ -84,7 +85,7 @@ def perplexity(llm: LLM, text: str | None = None, window: int = 256,
             scheduled.append(ScheduledRequest(req, window, 0, "prefill"))
         batch = build_batch(scheduled, P, engine.device)
         hidden = engine.model(batch.input_ids, batch.positions, kv_cache, batch.attn,
-                              engine.backend)
+                              engine.backend, kv_scales=engine.kv_scales)
         logits = engine.model.compute_logits(hidden).float()  # (T, V)
         targets = torch.tensor([t for w in windows[start:start + windows_per_step]
                                 for t in w[1:]], device=logits.device)

@@ -87,6 +87,10 @@ class KVSwapper:
 
     def _copy(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         kv, host, non_blocking = self.kv_cache, self.host, self.stream is not None
+        if kv.dtype == torch.float8_e4m3fn:
+            # A block moves as bytes (its scales are per layer and head, not per block), and
+            # index_copy_ has no fp8 kernel on the CPU: copy through same-shape uint8 views.
+            kv, host = kv.view(torch.uint8), host.view(torch.uint8)
         if swap_out:
             device_ids = torch.tensor([d for d, _ in swap_out], device=kv.device)
             # Gather the blocks into one contiguous (n, L, 2, P, K, D) buffer on the device,

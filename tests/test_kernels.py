@@ -280,14 +280,16 @@ def test_triton_available_says_how_to_switch_on_the_interpreter(
         triton_available(torch.device("cpu"))
 
 
-def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None:
+def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128,
+                         kv_dtype: str = "auto") -> None:
     """Compile each kernel for sm_<arch> with the constexprs, warps and stages its launcher
     passes there (here for P = 16, G <= 16, D = 80 or 128: block_d = 128), and check that the
     arch's tiles fit its chip: shared memory within the per-block limit, and no register spills
     (ptxas's local memory, read from the cubin by cuobjdump, which Triton ships) unless timing
     on a GPU of that generation chose the tiles (tiles.MEASURED). Self-contained:
     the test below runs its source in a fresh process, where TRITON_INTERPRET is off, so the
-    kernels are JIT functions, not interpreted."""
+    kernels are JIT functions, not interpreted. kv_dtype "int8" or "fp8": the cache is
+    quantized (minillm.quant.kv) and the kernels take its per-head fp32 scales."""
     import os
     import re
     import subprocess
@@ -309,6 +311,10 @@ def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None
                              "cuobjdump")
     int_pointers = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "seq_ids_ptr": "*i32",
                     "query_start_loc_ptr": "*i32", "slot_mapping_ptr": "*i64"}
+    if kv_dtype != "auto":  # the cache's own element type; its scales are fp32
+        cache = {"int8": "*i8", "fp8": "*fp8e4nv"}[kv_dtype]
+        int_pointers.update(k_cache_ptr=cache, v_cache_ptr=cache, k_scale_ptr="*fp32",
+                            v_scale_ptr="*fp32")
 
     def build(kernel, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
               fp32_pointers: tuple = ()) -> None:
@@ -337,9 +343,10 @@ def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None
         if capability not in tile_table.MEASURED:  # where timing decided, a spill may win
             assert spilled.groups() == ("0", "0"), (name, constexprs, usage)
 
-    build(triton_write_kv.write_kv_kernel, dict(BLOCK_D=block_d))
+    build(triton_write_kv.write_kv_kernel, dict(BLOCK_D=block_d, KV_DTYPE=kv_dtype,
+                                                EXACT_FP8_CAST=False))
     decode = dict(P=16, BLOCK_G=16, BLOCK_N=tiles.decode.block_n, BLOCK_D=block_d,
-                  DOT_PRECISION=precision, UPCAST=False)
+                  DOT_PRECISION=precision, UPCAST=False, KV_DTYPE=kv_dtype)
     launch = dict(num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages)
     build(triton_decode.decode_kernel, dict(decode, SPLIT=False), **launch)  # lse_ptr unused
     build(triton_decode.decode_kernel, dict(decode, SPLIT=True), **launch,
@@ -348,7 +355,7 @@ def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128) -> None
           fp32_pointers=("part_ptr", "lse_ptr"))
     build(triton_extend.extend_kernel,
           dict(P=16, BLOCK_M=tiles.extend.block_m, BLOCK_N=tiles.extend.block_n, BLOCK_D=block_d,
-               DOT_PRECISION=precision, UPCAST=False),
+               DOT_PRECISION=precision, UPCAST=False, KV_DTYPE=kv_dtype),
           num_warps=tiles.extend.num_warps, num_stages=tiles.extend.num_stages)
 
 

@@ -2,6 +2,11 @@
 
 Shapes: T tokens in the step, B requests, H query heads, K KV heads (H = G * K, grouped-query
 attention), D head dim, N blocks of P slots, S context length.
+
+A quantized pool (kv_cache_dtype "int8" or "fp8", minillm.quant.kv) comes with kv_scales
+(2, K) for the layer: K and V are quantized as they are written and dequantized to the queries'
+dtype as they are gathered, so the attention itself is unchanged. kv_scales=None: the pool is in
+the activations' dtype and nothing is converted.
 """
 
 from __future__ import annotations
@@ -10,12 +15,19 @@ import torch
 import torch.nn.functional as F
 
 from minillm.batch import AttentionMetadata
+from minillm.quant.kv import dequantize_kv, is_quantized, quantize_kv
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-             ) -> None:
-    """Store the step's K and V (T, K, D) in the layer's cache (2, N, P, K, D) at their slots."""
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             kv_scales: torch.Tensor | None = None) -> None:
+    """Store the step's K and V (T, K, D) in the layer's cache (2, N, P, K, D) at their slots;
+    quantized with kv_scales (2, K) when the cache is int8 or fp8."""
     _, N, P, K, D = kv_cache.shape
+    if kv_scales is not None:
+        k = quantize_kv(k, kv_scales[0], kv_cache.dtype)
+        v = quantize_kv(v, kv_scales[1], kv_cache.dtype)
+    if kv_cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no fp8 CPU kernel: copy bytes
+        kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
     kv_cache[0].view(N * P, K, D).index_copy_(0, slot_mapping, k)
     kv_cache[1].view(N * P, K, D).index_copy_(0, slot_mapping, v)
 
@@ -28,13 +40,16 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                     seq_lens: torch.Tensor) -> torch.Tensor:
+                     seq_lens: torch.Tensor, kv_scales: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """One query token per request, all requests at once: (B, H, D) -> (B, H, D)."""
     P = kv_cache.shape[2]
     num_blocks = -(-int(seq_lens.max()) // P)
     tables = block_tables[:, :num_blocks].long()
     k = kv_cache[0][tables].flatten(1, 2)  # (B, n, P, K, D) -> (B, S, K, D)
     v = kv_cache[1][tables].flatten(1, 2)
+    if kv_scales is not None:
+        k, v = dequantize_kv(k, kv_scales[0], q.dtype), dequantize_kv(v, kv_scales[1], q.dtype)
     S = k.shape[1]
     visible = torch.arange(S, device=q.device)[None, :] < seq_lens[:, None]  # (B, S)
     out = F.scaled_dot_product_attention(
@@ -47,7 +62,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+                     block_table: torch.Tensor, seq_len: int,
+                     kv_scales: torch.Tensor | None = None) -> torch.Tensor:
     """One request's n new tokens over its whole context, the new ones causally: (n, H, D).
 
     The first seq_len - n context tokens were cached by earlier steps (a prefix or earlier
@@ -56,6 +72,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     n = q.shape[0]
     k = gather_context(k_cache, block_table, seq_len)  # (S, K, D)
     v = gather_context(v_cache, block_table, seq_len)
+    if kv_scales is not None:
+        k, v = dequantize_kv(k, kv_scales[0], q.dtype), dequantize_kv(v, kv_scales[1], q.dtype)
     query_pos = torch.arange(seq_len - n, seq_len, device=q.device)
     visible = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]  # (n, S)
     out = F.scaled_dot_product_attention(
@@ -72,9 +90,11 @@ class TorchAttention:
     name = "torch"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """q (T, H, D), k and v (T, K, D), kv_cache (2, N, P, K, D) -> (T, H, D)."""
-        write_kv(k, v, kv_cache, meta.slot_mapping)
+                meta: AttentionMetadata, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+        """q (T, H, D), k and v (T, K, D), kv_cache (2, N, P, K, D) -> (T, H, D); kv_scales
+        (2, K) fp32 for an int8 or fp8 cache (minillm.quant.kv), None for one in q's dtype."""
+        check_kv_scales(kv_cache, kv_scales)
+        write_kv(k, v, kv_cache, meta.slot_mapping, kv_scales)
         out = torch.empty_like(q)
         starts = meta.query_start_cpu
         decodes = [b for b, n in enumerate(meta.query_lens) if n == 1]
@@ -82,10 +102,29 @@ class TorchAttention:
             rows = torch.tensor([starts[b] for b in decodes], device=q.device)
             seqs = torch.tensor(decodes, device=q.device)
             out[rows] = decode_attention(q[rows], kv_cache, meta.block_tables[seqs],
-                                         meta.seq_lens[seqs])
+                                         meta.seq_lens[seqs], kv_scales)
         for b, n in enumerate(meta.query_lens):
             if n > 1:
                 lo = starts[b]
                 out[lo:lo + n] = extend_attention(q[lo:lo + n], kv_cache[0], kv_cache[1],
-                                                  meta.block_tables[b].long(), meta.seq_lens_cpu[b])
+                                                  meta.block_tables[b].long(), meta.seq_lens_cpu[b],
+                                                  kv_scales)
         return out
+
+
+def check_kv_scales(kv_cache: torch.Tensor, kv_scales: torch.Tensor | None) -> None:
+    """A quantized cache (2, N, P, K, D) needs its scales (2, K) fp32; one in the activations'
+    dtype takes none. Raise a ValueError that says which is missing or wrong."""
+    if not is_quantized(kv_cache):
+        if kv_scales is not None:
+            raise ValueError(f"kv_scales were given for a {kv_cache.dtype} cache: scales go with "
+                             "an int8 or fp8 cache (kv_cache_dtype='int8' or 'fp8') only")
+        return
+    K = kv_cache.shape[3]
+    if kv_scales is None:
+        raise ValueError(f"a {kv_cache.dtype} KV cache needs kv_scales (2, {K}) fp32 to "
+                         "dequantize: calibrate them with minillm.quant.kv.calibrate_kv_scales")
+    if (kv_scales.shape != (2, K) or kv_scales.dtype != torch.float32
+            or kv_scales.device != kv_cache.device):
+        raise ValueError(f"kv_scales must be (2, {K}) float32 on {kv_cache.device}, got "
+                         f"{tuple(kv_scales.shape)} {kv_scales.dtype} on {kv_scales.device}")

@@ -47,13 +47,15 @@ class TritonAttention:
     name = "triton"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """q (T, H, D), k and v (T, K, D), kv_cache (2, N, P, K, D) -> (T, H, D)."""
-        write_kv(k, v, kv_cache, meta.slot_mapping)
+                meta: AttentionMetadata, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+        """q (T, H, D), k and v (T, K, D), kv_cache (2, N, P, K, D) -> (T, H, D); kv_scales
+        (2, K) fp32 for an int8 or fp8 cache (minillm.quant.kv), None for one in q's dtype."""
+        write_kv(k, v, kv_cache, meta.slot_mapping, kv_scales)
         if meta.max_query_len == 1:  # all decode: row b is request b
-            return decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens)
+            return decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens,
+                                    kv_scales=kv_scales)
         # Prompts and chunks, and in a mixed step its decodes too, in one launch: a decode is an
         # extend of one token (SGLang's mixed batches do the same). Splitting the step between
         # the two kernels would need per-layer index tensors and gather/scatter launches.
         return extend_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens,
-                                meta.block_tables, meta.max_query_len)
+                                meta.block_tables, meta.max_query_len, kv_scales=kv_scales)

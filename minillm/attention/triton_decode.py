@@ -27,6 +27,11 @@ Each position's K (or V) row of one head is D contiguous values, 128 to 256 byte
 a block's P rows of one head contiguous, which only pays with bulk copies (TMA) of tiles that
 are exactly one block, tying BLOCK_N to P, while the KV write, the PyTorch reference, the
 prefix cache's block copies and the chapters all read (N, P, K, D).
+
+An int8 or fp8 cache (KV_DTYPE, minillm.quant.kv) is dequantized right after each tile's load:
+upcast to fp32, times the KV head's scale (one per program, loaded once), then in the queries'
+dtype, so the rest of the kernel runs as for an unquantized cache. KV_DTYPE="auto" compiles
+without any of it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,12 @@ import triton
 import triton.language as tl
 
 from minillm.attention.tiles import tiles_for
-from minillm.attention.triton_write_kv import check_kv_cache
+from minillm.attention.triton_write_kv import (
+    check_kv_cache,
+    dequantize,
+    kv_dtype_name,
+    scale_pointers,
+)
 
 MIN_SPLIT_TOKENS = 256  # a shorter split costs more (partial store and merge) than it saves
 MAX_SPLITS = 16
@@ -48,10 +58,12 @@ LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 
 @triton.jit
 def load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, valid, kv_head, d, K, D,
-                 P: tl.constexpr, UPCAST: tl.constexpr):
+                 P: tl.constexpr, UPCAST: tl.constexpr, k_scale, v_scale, dtype: tl.constexpr,
+                 KV_DTYPE: tl.constexpr):
     """K and V (BLOCK_N, BLOCK_D) at context positions pos, read through one request's block
     table; zero where not valid and past D. In the cache's dtype (tensor cores take fp16 and
-    bf16 as they are), or in fp32 with UPCAST (the CPU interpreter has no bf16 arithmetic)."""
+    bf16 as they are), or in fp32 with UPCAST (the CPU interpreter has no bf16 arithmetic).
+    An int8 or fp8 cache (KV_DTYPE) is dequantized with k_scale and v_scale into dtype."""
     block = tl.load(table_ptr + pos // P, mask=valid, other=0).to(tl.int64)
     slot = block * P + pos % P  # (BLOCK_N,)
     rows = (slot * K + kv_head) * D  # row (slot, kv_head) of a (N * P, K, D) cache half
@@ -61,6 +73,8 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, valid, kv_head, d, K,
     v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
     if UPCAST:
         k, v = k.to(tl.float32), v.to(tl.float32)
+    if KV_DTYPE != "auto":
+        k, v = dequantize(k, k_scale, dtype), dequantize(v, v_scale, dtype)
     return k, v
 
 
@@ -89,6 +103,16 @@ def online_softmax_step(q, k, v, visible, m, l, acc, qk_scale, MASKED: tl.conste
 
 
 @triton.jit
+def load_scales(k_scale_ptr, v_scale_ptr, kv_head, KV_DTYPE: tl.constexpr):
+    """The K and V scales of one KV head of a quantized cache; 1.0 (never used) for "auto"."""
+    if KV_DTYPE == "auto":
+        k_scale, v_scale = 1.0, 1.0
+    else:
+        k_scale, v_scale = tl.load(k_scale_ptr + kv_head), tl.load(v_scale_ptr + kv_head)
+    return k_scale, v_scale
+
+
+@triton.jit
 def split_range(seq_len, split, num_splits, min_split_len, BLOCK_N: tl.constexpr):
     """Positions [start, end) of one split of a context of seq_len positions: num_splits
     equal runs of whole tiles, each at least min_split_len long (so a short context uses fewer
@@ -103,6 +127,7 @@ def split_range(seq_len, split, num_splits, min_split_len, BLOCK_N: tl.constexpr
 def decode_kernel(
     q_ptr,  # (B, H, D) one query token per request, contiguous
     k_cache_ptr, v_cache_ptr,  # (N, P, K, D) each: the two halves of the layer's cache
+    k_scale_ptr, v_scale_ptr,  # (K,) fp32 per-head scales of a quantized cache; else unused
     block_tables_ptr,  # (B, max_blocks) int32
     seq_lens_ptr,  # (B,) int32 context length, this token included
     out_ptr,  # (B, H, D); with SPLIT, the (B, H, num_splits, D) fp32 partial outputs
@@ -110,6 +135,7 @@ def decode_kernel(
     max_blocks, num_splits, min_split_len, qk_scale, H, K, D,
     P: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    KV_DTYPE: tl.constexpr,
 ):
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G = H // K
@@ -125,13 +151,14 @@ def decode_kernel(
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    k_scale, v_scale = load_scales(k_scale_ptr, v_scale_ptr, kv_head, KV_DTYPE)
     # One loop, every tile masked: a decode split has at most one partial tile, and a second
     # loop for it would double the body's registers (ptxas spills 1.6 KB on sm_75 then).
     for tile in range(start, end, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, valid, kv_head, d, K, D, P,
-                            UPCAST)
+                            UPCAST, k_scale, v_scale, q.dtype, KV_DTYPE)
         m, l, acc = online_softmax_step(q, k, v, valid[None, :], m, l, acc, qk_scale, True,
                                         DOT_PRECISION)
     if SPLIT:
@@ -167,16 +194,18 @@ def merge_splits_kernel(
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, num_splits: int | None = None,
-                     min_split_len: int = MIN_SPLIT_TOKENS) -> torch.Tensor:
+                     min_split_len: int = MIN_SPLIT_TOKENS,
+                     kv_scales: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per request over its paged context: q (B, H, D) -> (B, H, D).
 
     Must match minillm.attention.torch_ref.decode_attention. kv_cache (2, N, P, K, D),
     block_tables (B, max_blocks) int32, seq_lens (B,) int32. num_splits=None lets
     choose_num_splits pick from the shapes alone; each request's context is then cut into
     that many splits of at least min_split_len positions by the kernel, from its own seq_len.
-    Every count >= 1 gives the same result up to rounding.
+    Every count >= 1 gives the same result up to rounding. kv_scales (2, K) fp32 go with an
+    int8 or fp8 cache (minillm.quant.kv).
     """
-    H, K, D, P = check_paged_inputs(q, kv_cache, block_tables, seq_lens)
+    H, K, D, P = check_paged_inputs(q, kv_cache, block_tables, seq_lens, kv_scales)
     B = seq_lens.shape[0]
     if q.shape[0] != B:
         raise ValueError(f"q must hold one token per request: {B} rows, got {q.shape[0]}")
@@ -187,9 +216,11 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         max_seq_len = block_tables.shape[1] * P  # a bound known without reading seq_lens back
         num_splits = choose_num_splits(B, K, max_seq_len, num_sms(q.device))
     if num_splits == 1:
-        launch_decode(q, kv_cache, block_tables, seq_lens, out, out, 1, min_split_len)
+        launch_decode(q, kv_cache, block_tables, seq_lens, out, out, 1, min_split_len,
+                      kv_scales=kv_scales)
         return out
-    part, lse = decode_splits(q, kv_cache, block_tables, seq_lens, num_splits, min_split_len)
+    part, lse = decode_splits(q, kv_cache, block_tables, seq_lens, num_splits, min_split_len,
+                              kv_scales)
     merge_splits_kernel[(B * H,)](part, lse, out, num_splits, D,
                                   BLOCK_S=triton.next_power_of_2(num_splits),
                                   BLOCK_D=head_dim_block(D))
@@ -197,38 +228,40 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
 
 
 def decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor, num_splits: int, min_split_len: int = MIN_SPLIT_TOKENS
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  seq_lens: torch.Tensor, num_splits: int, min_split_len: int = MIN_SPLIT_TOKENS,
+                  kv_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The splits before their merge: partial outputs (B, H, num_splits, D) fp32, each the
     softmax-weighted mean of V over its split, and their base-2 log-sum-exps (B, H,
     num_splits) fp32, -inf for an empty split. With q = 0 every score is 0, so 2^lse is the
     number of positions a split read: how the tests count the work of each split."""
-    H, K, D, _ = check_paged_inputs(q, kv_cache, block_tables, seq_lens)
+    H, K, D, _ = check_paged_inputs(q, kv_cache, block_tables, seq_lens, kv_scales)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     B = seq_lens.shape[0]
     part = q.new_empty(B, H, num_splits, D, dtype=torch.float32)
     lse = q.new_empty(B, H, num_splits, dtype=torch.float32)
     launch_decode(q, kv_cache, block_tables, seq_lens, part, lse, num_splits, min_split_len,
-                  split=True)
+                  split=True, kv_scales=kv_scales)
     return part, lse
 
 
 def launch_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
-                  min_split_len: int, split: bool = False) -> None:
+                  min_split_len: int, split: bool = False,
+                  kv_scales: torch.Tensor | None = None) -> None:
     """decode_kernel over (B, K, num_splits) programs with the device's tiles. Every argument
     comes from shapes, never from the values of seq_lens: a CUDA graph can replay it."""
     B, H, D = q.shape
     K = kv_cache.shape[3]
     tiles = tiles_for(q.device, D, q.dtype).decode
+    k_scale, v_scale = scale_pointers(kv_cache, kv_scales)
     decode_kernel[(B, K, num_splits)](
-        q, kv_cache[0], kv_cache[1], block_tables, seq_lens, out, lse,
+        q, kv_cache[0], kv_cache[1], k_scale, v_scale, block_tables, seq_lens, out, lse,
         block_tables.shape[1], num_splits, max(min_split_len, 1), LOG2_E / math.sqrt(D), H, K, D,
         P=kv_cache.shape[2], BLOCK_G=max(16, triton.next_power_of_2(H // K)),
         BLOCK_N=tiles.block_n, BLOCK_D=head_dim_block(D), SPLIT=split,
-        DOT_PRECISION=dot_precision(q.dtype), UPCAST=interpreting(), num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages)
+        DOT_PRECISION=dot_precision(q.dtype), UPCAST=interpreting(),
+        KV_DTYPE=kv_dtype_name(kv_cache), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -272,16 +305,19 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def check_paged_inputs(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                       seq_lens: torch.Tensor) -> tuple[int, int, int, int]:
-    """(H, K, D, P) after checking q (., H, D) against the cache (2, N, P, K, D) and the
-    per-request block_tables (B, max_blocks) and seq_lens (B,), all int32 and contiguous."""
-    _, _, P, K, D = check_kv_cache(kv_cache)
+                       seq_lens: torch.Tensor, kv_scales: torch.Tensor | None = None
+                       ) -> tuple[int, int, int, int]:
+    """(H, K, D, P) after checking q (., H, D) against the cache (2, N, P, K, D) (and an int8
+    or fp8 cache's kv_scales (2, K)) and the per-request block_tables (B, max_blocks) and
+    seq_lens (B,), all int32 and contiguous."""
+    _, _, P, K, D = check_kv_cache(kv_cache, kv_scales)
     if q.dim() != 3 or q.shape[2] != D or q.shape[1] % K != 0:
         raise ValueError(f"q must be (., H, {D}) with H a multiple of K = {K}, "
                          f"got {tuple(q.shape)}")
-    if q.dtype != kv_cache.dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"q and kv_cache must share one of fp32, fp16, bf16, "
-                        f"got {q.dtype} and {kv_cache.dtype}")
+    cache_dtype = q.dtype if kv_scales is not None else kv_cache.dtype  # int8/fp8: any q
+    if q.dtype != cache_dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"q and kv_cache must share one of fp32, fp16, bf16 (or the cache be "
+                        f"int8 or fp8 with kv_scales), got {q.dtype} and {kv_cache.dtype}")
     if not q.is_contiguous():
         raise ValueError(f"q must be contiguous, got strides {q.stride()}")
     B = seq_lens.shape[0]

@@ -35,14 +35,17 @@ from minillm.attention.triton_decode import (
     head_dim_block,
     interpreting,
     load_kv_tile,
+    load_scales,
     online_softmax_step,
 )
+from minillm.attention.triton_write_kv import kv_dtype_name, scale_pointers
 
 
 @triton.jit
 def extend_kernel(
     q_ptr,  # (T, H, D) the step's queries, contiguous
     k_cache_ptr, v_cache_ptr,  # (N, P, K, D) each: the two halves of the layer's cache
+    k_scale_ptr, v_scale_ptr,  # (K,) fp32 per-head scales of a quantized cache; else unused
     block_tables_ptr,  # (B, max_blocks) int32
     query_start_loc_ptr,  # (B + 1,) int32: request b's rows are [b] .. [b + 1] - 1
     seq_lens_ptr,  # (B,) int32 context length, this step's tokens included
@@ -50,7 +53,7 @@ def extend_kernel(
     out_ptr,  # (T, H, D); rows of requests outside seq_ids are left alone
     max_blocks, qk_scale, H, K, D,
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_DTYPE: tl.constexpr,
 ):
     head, b = tl.program_id(0), tl.load(seq_ids_ptr + tl.program_id(1))
     q_start = tl.load(query_start_loc_ptr + b)
@@ -71,18 +74,19 @@ def extend_kernel(
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table, kv_head = block_tables_ptr + b * max_blocks, head // (H // K)
+    k_scale, v_scale = load_scales(k_scale_ptr, v_scale_ptr, kv_head, KV_DTYPE)
     end = tl.minimum(seq_len, seq_len - n + first + BLOCK_M)  # 1 past the tile's last query
     full_end = (seq_len - n + first + 1) // BLOCK_N * BLOCK_N  # keys <= the first query's
     for tile in range(0, full_end, BLOCK_N):  # seen by every row: no mask on the scores
         pos = tile + tl.arange(0, BLOCK_N)
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, pos < end, kv_head, d, K, D,
-                            P, UPCAST)
+                            P, UPCAST, k_scale, v_scale, q.dtype, KV_DTYPE)
         m, l, acc = online_softmax_step(q, k, v, None, m, l, acc, qk_scale, False, DOT_PRECISION)
     for tile in range(full_end, end, BLOCK_N):  # the tiles that cross the causal diagonal
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, valid, kv_head, d, K, D, P,
-                            UPCAST)
+                            UPCAST, k_scale, v_scale, q.dtype, KV_DTYPE)
         visible = valid[None, :] & (pos[None, :] <= query_pos[:, None])  # (BLOCK_M, BLOCK_N)
         m, l, acc = online_softmax_step(q, k, v, visible, m, l, acc, qk_scale, True,
                                         DOT_PRECISION)
@@ -93,8 +97,8 @@ def extend_kernel(
 
 def extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                      seq_lens: torch.Tensor, block_tables: torch.Tensor, max_query_len: int,
-                     seq_ids: torch.Tensor | None = None, out: torch.Tensor | None = None
-                     ) -> torch.Tensor:
+                     seq_ids: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                     kv_scales: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context: (T, H, D).
 
     Must match minillm.attention.torch_ref.extend_attention applied to each request b, on rows
@@ -102,8 +106,9 @@ def extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: t
     query_start_loc (B + 1,), seq_lens (B,), block_tables (B, max_blocks), all int32.
     max_query_len bounds the query tiles launched per request. seq_ids (E,) int32 picks the
     requests to compute (default: all B); their rows are written into out (default: new).
+    kv_scales (2, K) fp32 go with an int8 or fp8 cache (minillm.quant.kv).
     """
-    H, K, D, P = check_paged_inputs(q, kv_cache, block_tables, seq_lens)
+    H, K, D, P = check_paged_inputs(q, kv_cache, block_tables, seq_lens, kv_scales)
     B = seq_lens.shape[0]
     if query_start_loc.shape != (B + 1,) or query_start_loc.dtype != torch.int32:
         raise ValueError(f"query_start_loc must be ({B + 1},) int32, "
@@ -121,10 +126,12 @@ def extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: t
         return out
     tiles = tiles_for(q.device, D, q.dtype).extend
     grid = (H, seq_ids.numel(), triton.cdiv(max_query_len, tiles.block_m))
+    k_scale, v_scale = scale_pointers(kv_cache, kv_scales)
     extend_kernel[grid](
-        q, kv_cache[0], kv_cache[1], block_tables, query_start_loc, seq_lens, seq_ids, out,
+        q, kv_cache[0], kv_cache[1], k_scale, v_scale, block_tables, query_start_loc, seq_lens,
+        seq_ids, out,
         block_tables.shape[1], LOG2_E / math.sqrt(D), H, K, D,
         P=P, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_dim_block(D),
-        DOT_PRECISION=dot_precision(q.dtype), UPCAST=interpreting(), num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages)
+        DOT_PRECISION=dot_precision(q.dtype), UPCAST=interpreting(),
+        KV_DTYPE=kv_dtype_name(kv_cache), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return out

@@ -1,7 +1,10 @@
-"""Quantization: fewer bytes per weight, so a bandwidth-bound decode step reads less.
+"""Quantization: fewer bytes per weight or per cached K/V, so a bandwidth-bound decode step
+reads less.
 
 int8: weight-only int8 with per-output-channel scales (LLM(quantization="int8")); its Triton
 GEMM/GEMV is in int8_kernel, imported only on CUDA (or by tests) since it imports triton.
+kv: the KV cache in int8 or fp8 e4m3 with static per-head scales (LLM(kv_cache_dtype="int8" or
+"fp8")), quantized on write and dequantized inside attention.
 """
 
 from minillm.quant.int8 import (
@@ -11,6 +14,14 @@ from minillm.quant.int8 import (
     quantize_model,
     quantize_per_channel,
 )
+from minillm.quant.kv import (
+    calibrate_kv_scales,
+    dequantize_kv,
+    kv_pool_block_bytes,
+    kv_storage_dtype,
+    quantize_kv,
+)
 
-__all__ = ["Int8Linear", "dequantize", "projection_weight_bytes", "quantize_model",
-           "quantize_per_channel"]
+__all__ = ["Int8Linear", "calibrate_kv_scales", "dequantize", "dequantize_kv",
+           "kv_pool_block_bytes", "kv_storage_dtype", "projection_weight_bytes",
+           "quantize_kv", "quantize_model", "quantize_per_channel"]
