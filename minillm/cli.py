@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 USAGE = """usage: minillm serve [MODEL] [--port 8000] [engine flags]   an OpenAI-compatible server
-       minillm bench {engine,serve,simulate,prefix,preempt,spec,kernels,gpu,chapters} ...
+       minillm bench {engine,serve,simulate,prefix,preempt,spec,quant,kernels,gpu,chapters} ...
                                                    side-by-side figures
 Run `minillm serve --help` or `minillm bench --help` for the flags."""
 

@@ -1,5 +1,5 @@
 """python -m minillm.bench engine | serve | simulate | kernels | gpu | prefix | preempt | spec |
-chapters: side-by-side figures, and the chapters run outside Jupyter."""
+quant | chapters: side-by-side figures, and the chapters run outside Jupyter."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from minillm.bench import (
     kernels,
     preempt,
     prefix,
+    quant,
     serve,
     simulate,
     spec,
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix.add_arguments(sub.add_parser("prefix", help=prefix.__doc__.splitlines()[0]))
     preempt.add_arguments(sub.add_parser("preempt", help=preempt.__doc__.splitlines()[0]))
     spec.add_arguments(sub.add_parser("spec", help=spec.__doc__.splitlines()[0]))
+    quant.add_arguments(sub.add_parser("quant", help=quant.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     # Every CPU figure is timed: on a small shared CPU, torch's threads must not stall behind
     # another process's (machine.settle_threads). On a GPU this changes nothing.
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return preempt.main(args)
     if args.command == "spec":
         return spec.main(args)
+    if args.command == "quant":
+        return quant.main(args)
     if args.command == "simulate":
         simulate.main(args)
         return 0
