@@ -144,7 +144,7 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
                    overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
                    gpu_memory_utilization: float = 0.9, record_block_tables: bool = False,
                    step_time: StepTimer = roofline.step_time,
-                   **engine_kwargs: Any) -> FleetResult:
+                   kv_dtype_bytes: float | None = None, **engine_kwargs: Any) -> FleetResult:
     """Serve workload on num_replicas simulated replicas of model on hw behind a router.
 
     routing: "round_robin", "prefix_aware" (PrefixAwareRouter(load_bound)) or a callable
@@ -153,9 +153,10 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     function of the workload and the router, so the same arguments route the same way.
     load_bound: requests a replica may carry beyond the least loaded and still be picked for
     its cache (prefix_aware only). engine_kwargs: EngineConfig's, for every replica; prefix
-    caching is on unless enable_prefix_caching=False is passed. The pool, dtype_bytes, the
-    overhead keywords, gpu_memory_utilization and step_time are as in simulate, and so is
-    record_block_tables, off by default here since a fleet run is long.
+    caching is on unless enable_prefix_caching=False is passed. The pool, dtype_bytes,
+    kv_dtype_bytes (1 for an int8 or fp8 KV cache: more blocks per replica, fewer KV bytes per
+    step), the overhead keywords, gpu_memory_utilization and step_time are as in simulate, and
+    so is record_block_tables, off by default here since a fleet run is long.
     A closed-loop workload keeps workload.concurrency requests in flight across the fleet.
     """
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
@@ -163,10 +164,11 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     router = make_router(routing, load_bound)
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     engine_kwargs.setdefault("enable_prefix_caching", True)
-    config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs)
+    config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
+                            kv_dtype_bytes)
     overheads = (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair)
     sims = [Simulator(mc, hardware, config, dtype_bytes, overheads, record_block_tables,
-                      step_time) for _ in range(num_replicas)]
+                      step_time, kv_dtype_bytes=kv_dtype_bytes) for _ in range(num_replicas)]
     for i, spec in enumerate(workload):
         sims[0].check_fits(i, spec)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()

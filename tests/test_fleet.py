@@ -166,3 +166,17 @@ def test_bad_arguments_are_named() -> None:
         simulate_fleet(MODEL, HW, work, routing=lambda spec, replicas: 7, num_kv_blocks=160)
     with pytest.raises(ValueError, match="load_bound"):
         PrefixAwareRouter(float("nan"))
+
+
+def test_kv_dtype_bytes_reaches_every_replica_as_in_simulate() -> None:
+    """An fp8/int8 KV cache (1 byte) beside bf16 weights: each replica's pool doubles, and a
+    fleet of one still schedules exactly as the simulator given the same kv_dtype_bytes."""
+    work = workload.closed_loop(12, 4, (64, 256), (8, 32), seed=2)
+    bf16 = simulate_fleet(MODEL, HW, work, num_replicas=2)
+    one_byte = simulate_fleet(MODEL, HW, work, num_replicas=2, kv_dtype_bytes=1)
+    assert one_byte.config.num_kv_blocks >= 2 * bf16.config.num_kv_blocks - 1
+    fleet = simulate_fleet(MODEL, HW, work, num_replicas=1, kv_dtype_bytes=1)
+    alone = simulate(MODEL, HW, work, record_block_tables=False, kv_dtype_bytes=1,
+                     enable_prefix_caching=True)
+    assert schedule(fleet.replicas[0].trace) == schedule(alone.trace)
+    assert fleet.replicas[0].stats == alone.stats
