@@ -1,0 +1,70 @@
+"""Reference solutions of chapter 10's graded exercises, and the open-ended ones' model answers.
+
+10.1 is the rule of minillm.spec.rejection.verify written for one request, one row at a time
+(the engine's version does every request of the batch at once, with one read-back); 10.2 is
+minillm.quant.int8.quantize_per_channel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def accept(p: torch.Tensor, q: torch.Tensor, proposals: list[int],
+           generator: torch.Generator | None) -> list[int]:
+    """10.1: the tokens one request emits: its accepted proposals, then one more.
+
+    p (k+1, V): the target's distribution for the token after x, d_1, ..., d_k; q (k, V): the
+    distributions the proposals were drawn from (one-hot for prompt lookup)."""
+    emitted = []
+    for i, d in enumerate(proposals):
+        u = float(torch.rand((), generator=generator))
+        if u * q[i, d] < p[i, d]:  # probability min(1, p(d) / q(d))
+            emitted.append(d)
+            continue
+        residual = (p[i] - q[i]).clamp(min=0)  # what p still owes after min(p, q) went to d
+        return emitted + [int(torch.multinomial(residual / residual.sum(), 1,
+                                                generator=generator))]
+    bonus = p[len(proposals)]  # every proposal accepted: the target's own next token
+    return emitted + [int(torch.multinomial(bonus, 1, generator=generator))]
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """10.2: weight (N, K) -> (q (N, K) int8, scale (N,) fp32), symmetric, one scale a row."""
+    w = weight.float()
+    absmax = w.abs().amax(dim=1)  # (N,)
+    scale = torch.where(absmax > 0, absmax / 127, torch.ones_like(absmax))  # dead rows: 1
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
+    return q, scale
+
+
+SOLUTIONS = {"10.1": accept, "10.2": quantize}
+
+MODEL_ANSWERS: dict[str, str] = {
+    "10.3": """\
+**Model answer.** `best_num_speculative_tokens` answers the first half (Llama-3-8B on an
+H100-SXM, bf16, 1,024 tokens of context, modelled). With a 1B draft (Llama-3.2-1B) and alpha =
+0.8, the best k is 4 at batch 1 to 32 (2.0x), 3 at batch 128 (1.8x) and 2 at batch 512 (1.7x):
+each extra proposal costs a draft forward and k + 1 verify rows, and adds only alpha^k tokens.
+With prompt lookup, whose proposals cost nothing on the GPU, the model's best k runs to its cap
+(16, 4.9x) at small batch and falls to 4 at batch 128 (3.2x) and 2 at batch 512 (2.4x); the
+i.i.d. alpha is the optimistic part there: real lookups propose short runs and stop matching,
+so vLLM's default of a few tokens is the sane choice. The break-even batch (speedup below 1,
+k = 4) depends on the context as much as on alpha: at 256 tokens, prompt lookup stops paying
+at batch 353 (alpha 0.8) or 194 (alpha 0.6), the 1B draft at 230 or 117; at 1,024 tokens the
+K/V reads that verification shares across k + 1 tokens keep both steps memory-bound, and only
+the draft at alpha 0.6 stops paying (batch 281). So: turn speculation down (smaller k) as the
+batch grows, off for short contexts at large batch, and measure alpha on your own traffic,
+because the whole answer moves with it.""",
+    "10.4": """\
+**Model answer.** Quantizing the KV cache halves the bytes per token (bf16 to int8 or fp8), so
+the same pool holds twice the tokens: Llama-3-8B on an 80 GB H100 at 8k context goes from 59 to
+119 sequences before the KV wall (minillm.sizing.max_concurrency with kv_dtype_bytes=1, the
+whole 80 GB counted). TPOT barely moves at small batch, where the weights dominate the bytes of
+a step; it moves at large batch and long context, where K/V reads rival the weights (modelled:
+decode_step_time with kv_dtype_bytes=1). The price is quality: on the shipped model, int8 and
+fp8 K/V cost a small perplexity increase on The Tempest (measured in the chapter), fp8 e4m3's 3
+mantissa bits more than int8's per-head scaled integers at this scale. Choose KV quantization
+when the KV wall, not the weights, limits the batch: long contexts, many concurrent users, GQA
+models whose weights are already amortised.""",
+}
