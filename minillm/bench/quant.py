@@ -71,9 +71,10 @@ def kv_bytes_per_token(llm: LLM) -> int:
 
 
 @torch.no_grad()
-def teacher_forced_argmax(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """Each sequence's greedy pick at every position (S,), all in one prefill through llm's own
-    model, attention backend, KV dtype and scales, on a pool of its own."""
+def teacher_forced_logits(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]:
+    """Each sequence's logits at every position (S, V), all in one prefill through llm's own
+    model, attention backend, KV dtype and scales, on a pool of its own: every position
+    attends through the quantized K/V, as decode would read them."""
     engine, P = llm.engine, llm.config.block_size
     mc = engine.model.config
     blocks = [-(-len(s) // P) for s in seqs]
@@ -87,8 +88,13 @@ def teacher_forced_argmax(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]
     batch = build_batch(scheduled, P, engine.device)
     hidden = engine.model(batch.input_ids, batch.positions, pool, batch.attn, engine.backend,
                           kv_scales=engine.kv_scales)
-    picks = engine.model.compute_logits(hidden).argmax(-1)  # (T,)
-    return list(picks.split([len(s) for s in seqs]))
+    logits = engine.model.compute_logits(hidden).float()  # (T, V)
+    return list(logits.split([len(s) for s in seqs]))
+
+
+def teacher_forced_argmax(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]:
+    """Each sequence's greedy pick at every position (S,), from teacher_forced_logits."""
+    return [logits.argmax(-1) for logits in teacher_forced_logits(llm, seqs)]
 
 
 def agreement(reference: list[torch.Tensor], picks: list[torch.Tensor]) -> float:
