@@ -18,8 +18,9 @@ from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
 from minillm.quant.kv import allocate_kv_pool
 from minillm.request import Request, RequestOutput
-from minillm.sampling import Sampler, SampleResult, SamplingParams
+from minillm.sampling import Sampler, SamplingParams
 from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.spec.decoder import SpeculativeDecoder
 from minillm.swap import KVSwapper, SwapSpace, num_swap_blocks
 from minillm.tokenizer import IncrementalDetokenizer
 from minillm.trace import StepRecord, step_record
@@ -28,11 +29,13 @@ from minillm.trace import StepRecord, step_record
 class Engine:
     """Owns the model, the KV pool, the scheduler and every request in flight.
 
-    config must be resolved: num_kv_blocks and max_model_len set (LLM does that).
+    config must be resolved: num_kv_blocks and max_model_len set (LLM does that). draft_model:
+    the loaded draft under speculative_config's "draft_model" method.
     """
 
     def __init__(self, model: LlamaForCausalLM, tokenizer: Any, config: EngineConfig,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 draft_model: LlamaForCausalLM | None = None):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         self.model, self.tokenizer, self.config, self.clock = model, tokenizer, config, clock
         self.device = model.lm_head.weight.device
@@ -49,6 +52,9 @@ class Engine:
             self.swapper = KVSwapper(self.kv_cache, swap_space.num_blocks)
         self.scheduler = Scheduler(config, self.block_manager, swap_space)
         self.backend = get_backend(config.attention_backend, self.device)
+        self.spec = None if config.speculative_config is None else SpeculativeDecoder.build(
+            config.speculative_config, model, draft_model, config.num_kv_blocks,
+            config.block_size, config.attention_backend)
         self.graph_runner: DecodeGraphRunner | None = None
         if (config.enable_cuda_graphs and self.device.type == "cuda"
                 and self.backend.name == "triton"):
@@ -184,22 +190,36 @@ class Engine:
             if self.has_unfinished_requests() and not out.preempted:
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return []
+        if self.spec is not None:  # decodes get their proposals; entries shrink to fit them
+            self.spec.propose(out)
         tables = ({s.request.request_id: list(s.request.block_table) for s in out.scheduled}
                   if self.trace_block_tables else {})  # copied now: finishing frees them
         batch = build_batch(out.scheduled, self.config.block_size, self.device)
         hidden = self._forward(batch)
-        sampled = self._sample(batch, hidden)
+        emitted, logprobs = self._sample(batch, hidden, out)
         now = self.clock()
+        num_accepted = {s.request.request_id: len(t) - 1 for s, t in zip(batch.sampled, emitted)}
         for s in out.scheduled:
             req = s.request
-            req.num_computed_tokens += s.num_tokens
+            # The K/V of rejected proposals were written but do not count: later tokens overwrite
+            # their slots.
+            rejected = len(req.spec_token_ids) - num_accepted.get(req.request_id, 0)
+            req.num_computed_tokens += s.num_tokens - rejected
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = start
-            self.block_manager.cache_full_blocks(req)
+            if not req.spec_token_ids:  # else once its accepted tokens have joined token_ids
+                self.block_manager.cache_full_blocks(req)
         outputs = []
-        for s, token, logprobs in zip(batch.sampled, sampled.token_ids, sampled.logprobs):
-            self._append_token(s.request, token, logprobs, now)
-            outputs.append(RequestOutput.of(s.request))
+        for s, tokens, token_logprobs in zip(batch.sampled, emitted, logprobs):
+            req = s.request
+            for token, lp in zip(tokens, token_logprobs):
+                self._append_token(req, token, lp, now)
+                if req.finish_reason is not None:
+                    break
+            if self.spec is not None and req.finish_reason is None:
+                self.spec.settle(req, self.block_manager)
+            req.spec_token_ids = []
+            outputs.append(RequestOutput.of(req))
         finished = [o.request_id for o in outputs if o.finished]
         self._record(out, start, now, tables, finished)
         return outputs
@@ -214,12 +234,19 @@ class Engine:
         return self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
                           self.backend, kv_scales=self.kv_scales)
 
-    def _sample(self, batch: Batch, hidden: torch.Tensor) -> SampleResult:
+    def _sample(self, batch: Batch, hidden: torch.Tensor, out: SchedulerOutput
+                ) -> tuple[list[list[int]], list[list[dict[int, float] | None]]]:
+        """Each sampled request's new tokens (one, or under speculative decoding its accepted
+        proposals and one more) and their logprobs (None where not asked for)."""
         if not batch.sampled:  # every request in the step is mid-prefill
-            return SampleResult([], [])
+            return [], []
         logits = self.model.compute_logits(hidden[batch.sample_indices])  # (S, V)
-        return self.sampler(logits, [s.request.params for s in batch.sampled],
-                            [s.request.generator for s in batch.sampled])
+        params = [s.request.params for s in batch.sampled]
+        if self.spec is None:
+            result = self.sampler(logits, params, [s.request.generator for s in batch.sampled])
+            return [[t] for t in result.token_ids], [[lp] for lp in result.logprobs]
+        emitted = self.spec.verify(logits, batch.sampled, out)
+        return emitted, self.spec.logprobs(logits, batch.sampled, emitted)
 
     def _append_token(self, req: Request, token: int, logprobs: dict[int, float] | None,
                       now: float) -> None:
@@ -240,6 +267,9 @@ class Engine:
             req.finish_reason = "length"
         if req.finish_reason is not None:
             m.finished_time = now
+            if req.spec_token_ids:  # accepted proposals past the stop are not the request's
+                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+                self.block_manager.cache_full_blocks(req)
             self.scheduler.finish(req)
             del self.requests[req.request_id], self.detokenizers[req.request_id]
 
@@ -264,4 +294,7 @@ class Engine:
             del self.trace[:-limit]  # one cut per limit steps: O(1) a step on average
 
     def stats(self) -> dict[str, int]:
-        return self.scheduler.stats(self.block_bytes)
+        stats = self.scheduler.stats(self.block_bytes)
+        if self.spec is not None:
+            stats |= self.spec.stats()
+        return stats

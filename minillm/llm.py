@@ -193,7 +193,8 @@ class LLM:
         config = dataclasses.replace(config, max_model_len=max_len)
         blocks = config.num_kv_blocks or self._size_pool(config, net, max_len)
         config = dataclasses.replace(config, num_kv_blocks=blocks)
-        self.engine = Engine(net, tokenizer, config)
+        self.engine = Engine(net, tokenizer, config,
+                             draft_model=load_draft(config, torch_dtype, dev, max_len))
         self.config, self.tokenizer, self.model = config, tokenizer, net
 
     @staticmethod
@@ -278,6 +279,18 @@ class LLM:
     def trace(self) -> list[StepRecord]:
         """One StepRecord per engine step so far."""
         return self.engine.trace
+
+
+def load_draft(config: EngineConfig, dtype: torch.dtype, device: torch.device, max_len: int
+               ) -> LlamaForCausalLM | None:
+    """The draft model of speculative_config's "draft_model" method, in the target's dtype."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    assert spec.model is not None
+    draft = LlamaForCausalLM.from_pretrained(Path(spec.model), dtype, device)
+    draft.model.rotary.cover(max_len)
+    return draft
 
 
 def per_prompt(value: object, prompts: list[Prompt], what: str, default: object) -> list:
