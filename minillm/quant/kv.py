@@ -161,6 +161,9 @@ def kv_pool_block_bytes(model: Any, config: Any) -> int:
     from minillm.kv_cache import kv_cache_block_bytes
 
     mc = model.config
-    dtype = kv_storage_dtype(config.kv_cache_dtype, model.lm_head.weight.dtype)
+    if config.kv_cache_dtype == "auto":
+        number_bytes = model.lm_head.weight.element_size()
+    else:
+        number_bytes = kv_storage_dtype(config.kv_cache_dtype, torch.float32).itemsize
     return kv_cache_block_bytes(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads,
-                                mc.head_dim, dtype.itemsize)
+                                mc.head_dim, number_bytes)
