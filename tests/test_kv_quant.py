@@ -323,3 +323,10 @@ def test_kv_quantization_keeps_logits_greedy_picks_and_perplexity(shipped: dict[
 def test_quantized_kernels_compile_ahead_of_time(arch: int, dtype_name: str, kv_dtype: str
                                                  ) -> None:
     compile_in_subprocess(compile_every_kernel, arch, dtype_name, 128, kv_dtype)
+
+
+@pytest.mark.kernels
+def test_fp8_kernels_do_not_compile_before_sm_89() -> None:
+    """Why the launchers refuse kv_cache_dtype='fp8' on an A100 or T4: Triton has no e4m3 there."""
+    with pytest.raises(AssertionError, match="fp8e4nv not supported in this architecture"):
+        compile_in_subprocess(compile_every_kernel, 80, "bf16", 128, "fp8")

@@ -91,8 +91,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     quantized with kv_scales (2, K) fp32 when the cache is int8 or fp8.
 
     Must match minillm.attention.torch_ref.write_kv on every slot >= 0; slots < 0 are skipped.
-    (A quantized value may differ by one step where x / scale falls exactly halfway: the kernel
-    rounds ties away from zero, torch to even.)
+    (A quantized value may differ by one step where x / scale sits at a halfway point: the
+    kernel rounds ties away from zero, torch to even, and a GPU's fp32 division may be off by
+    an ulp there.)
     """
     _, _, _, K, D = check_kv_cache(kv_cache, kv_scales)
     T = k.shape[0]
