@@ -275,6 +275,24 @@ def test_the_decode_graph_runner_passes_the_scales_down() -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_captured_decode_graphs_read_the_scales(kv: str) -> None:
+    """On a GPU: the engine with decode graphs captured over an int8 / fp8 pool gives the same
+    greedy tokens as without graphs (fp8 only where the GPU has e4m3: sm_89 and up)."""
+    if kv == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 e4m3 needs sm_89+")
+    prompts = ["Duke.\nWhat, is Antonio here?\n", "O", "Ant.\nI have heard"]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    tokens = []
+    for graphs in (False, True):
+        llm = LLM(device="cuda", dtype="bfloat16", num_kv_blocks=64, max_num_seqs=4,
+                  kv_cache_dtype=kv, enable_cuda_graphs=graphs)
+        assert (llm.engine.graph_runner is not None) == graphs
+        tokens.append([o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+    assert tokens[0] == tokens[1]
+
+
 # ---- quality on the shipped model ----------------------------------------------------------------
 
 # Teacher-forced over 16 passages' first 24 tokens plus fp32's 24 greedy tokens (768 positions,
