@@ -22,6 +22,8 @@ from minillm.serve.datasets import shakespeare_passages
 from minillm.spec import rejection
 from minillm.spec.config import SpeculativeConfig
 
+pytestmark = pytest.mark.ch10
+
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
 
@@ -52,6 +54,17 @@ SETTINGS = {  # name: engine args; each squeezes the pool so that requests get p
     "no chunking+recompute": dict(num_kv_blocks=24, enable_chunked_prefill=False,
                                   max_num_batched_tokens=512),
 }
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_greedy_outputs_are_identical_with_speculation_over_a_quantized_pool(kv_cache_dtype):
+    """A token's quantized K/V depend on it alone (static scales), so a verification forward
+    stores what plain decode steps store, and the greedy tokens still match."""
+    plain = run(None, GREEDY, num_kv_blocks=256, kv_cache_dtype=kv_cache_dtype).outputs
+    llm = run(NGRAM, GREEDY, num_kv_blocks=24, kv_cache_dtype=kv_cache_dtype,
+              max_num_batched_tokens=32, enable_prefix_caching=True)
+    assert [o.token_ids for o in llm.outputs] == [o.token_ids for o in plain]
+    assert llm.stats()["num_preemptions"] > 0 and llm.stats()["num_free_blocks"] == 24
 
 
 @pytest.fixture(scope="module")
