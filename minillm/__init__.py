@@ -42,7 +42,8 @@ Module map (one concept each):
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
-    quant/           weight-only int8 (per-channel scales; a Triton GEMM on CUDA): quantization=
+    quant/           weight-only int8 (per-channel scales; a Triton GEMM on CUDA): quantization=;
+                     the int8 / fp8 KV cache with per-head scales: kv_cache_dtype=
     spec/            speculative decoding: prompt lookup or a draft model proposes, one target
                      forward checks (rejection sampling: lossless); its cost model
     quality.py       perplexity through the engine on the held-out play (assets/the_tempest.txt)
