@@ -9,17 +9,14 @@ deliberately wrong acceptance rule fails.
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
 
 from minillm import LLM, EngineConfig, ModelConfig, SamplingParams
 from minillm.engine import Engine
 from minillm.llm import default_draft_path, default_model_path
 from minillm.model import LlamaForCausalLM
 from minillm.serve.datasets import shakespeare_passages
-from minillm.spec import rejection
+from minillm.spec import lossless, rejection
 from minillm.spec.config import SpeculativeConfig
 
 pytestmark = pytest.mark.ch10
@@ -120,106 +117,27 @@ def test_stops_logprobs_and_lengths_match_a_plain_run():
             assert all(abs(x[t] - y[t]) < 1e-3 for t in x)
 
 
-# ---- the sampled distribution ----------------------------------------------------------------
+# ---- the sampled distribution (minillm.spec.lossless: a tiny random model, 8 tokens) ---------
 
-VOCAB = 8
-TINY = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                   max_position_embeddings=64)
-PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive: prompt lookup always finds something
 NUM_SAMPLES = 3000
 
 
-def spread(model: LlamaForCausalLM, seed: int) -> LlamaForCausalLM:
-    """Weights large enough that the next-token distributions are far from uniform."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
-    return model
-
-
-def tiny_engine(spec: SpeculativeConfig | None, draft: LlamaForCausalLM | None = None) -> Engine:
-    target = spread(LlamaForCausalLM.random(TINY), seed=0)
-    config = EngineConfig(num_kv_blocks=2048, max_model_len=64, max_num_seqs=256,
-                          max_num_batched_tokens=4096, speculative_config=spec)
-    return Engine(target, None, config, draft_model=draft)
-
-
-def sample_pairs(engine: Engine) -> torch.Tensor:
-    """NUM_SAMPLES seeded requests; the counts of their first two tokens, (V, V). The second
-    one comes out of a verification (max_tokens=3 leaves room for one proposal after the
-    first token: a third token could follow)."""
-    for seed in range(NUM_SAMPLES):
-        engine.add_request(PROMPT, SamplingParams(max_tokens=3, temperature=1.0, seed=seed,
-                                                  ignore_eos=True))
-    counts = torch.zeros(VOCAB, VOCAB)
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                counts[out.token_ids[0], out.token_ids[1]] += 1
-    return counts
-
-
-def exact_pairs(engine: Engine) -> torch.Tensor:
-    """The target's own probability of each first-two-tokens pair, (V, V), by plain forwards."""
-    plain = tiny_engine(None)
-    params = SamplingParams(max_tokens=1, logprobs=VOCAB, ignore_eos=True)
-    ids = [plain.add_request(PROMPT + t, params) for t in [[]] + [[v] for v in range(VOCAB)]]
-    done = {}
-    while plain.has_unfinished_requests():
-        done |= {o.request_id: o for o in plain.step() if o.finished}
-    probs = [torch.tensor([math.exp(done[i].logprobs[0][v]) for v in range(VOCAB)]) for i in ids]
-    return probs[0][:, None] * torch.stack(probs[1:])
-
-
-def chi_square_rejects(counts: torch.Tensor, expected_probs: torch.Tensor) -> bool:
-    """Pearson's test at the 0.1% level, cells with fewer than 5 expected samples pooled."""
-    expected = expected_probs.flatten() * counts.sum()
-    observed = counts.flatten()
-    small = expected < 5
-    e = torch.cat([expected[~small], expected[small].sum()[None]])
-    o = torch.cat([observed[~small], observed[small].sum()[None]])
-    stat = float(((o - e) ** 2 / e).sum())
-    df = len(e) - 1
-    z = 3.09  # the 0.999 quantile of N(0, 1); Wilson-Hilferty's chi-square quantile from it
-    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat > critical
-
-
-def ngram_spec() -> SpeculativeConfig:
-    return SpeculativeConfig("ngram", num_speculative_tokens=2, prompt_lookup_max=2)
-
-
-def draft_spec(tmp_path) -> SpeculativeConfig:
-    return SpeculativeConfig("draft_model", num_speculative_tokens=2, model=str(tmp_path))
-
-
-@pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_sampled_outputs_keep_the_target_distribution(method, tmp_path):
-    if method == "ngram":
-        engine = tiny_engine(ngram_spec())
-    else:  # a draft that disagrees with the target: rejections and residual draws happen
-        draft = spread(LlamaForCausalLM.random(TINY), seed=1)
-        engine = tiny_engine(draft_spec(tmp_path), draft)
-    counts = sample_pairs(engine)
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_sampled_outputs_keep_the_target_distribution(method):
+    engine = lossless.tiny_engine(method)
+    counts = lossless.sample_pairs(engine, NUM_SAMPLES)
     stats = engine.stats()
-    accepted, drafted = stats["spec_decode_num_accepted_tokens"], stats["spec_decode_num_draft_tokens"]
+    accepted = stats["spec_decode_num_accepted_tokens"]
+    drafted = stats["spec_decode_num_draft_tokens"]
     assert drafted >= NUM_SAMPLES // 10 and 0 < accepted < drafted  # both branches ran
-    exact = exact_pairs(engine)
-    assert not chi_square_rejects(counts, exact)
-    # and it has the power to see a 5% shift: the same counts against a distribution with 0.05
-    # of the mass moved from the likeliest pair to the next
-    first, second = exact.flatten().topk(2).indices
-    shifted = exact.flatten().clone()
-    shifted[first] -= 0.05
-    shifted[second] += 0.05
-    assert chi_square_rejects(counts, shifted.view_as(exact))
+    exact = lossless.exact_pairs()
+    assert not lossless.chi_square(counts, exact).rejects
+    # and it has the power to see a 5% shift of the mass
+    assert lossless.chi_square(counts, lossless.shift_mass(exact, 0.05)).rejects
 
 
 def test_the_test_catches_a_biased_acceptance_rule(monkeypatch):
-    """Accepting every proposal (the draft's distribution leaks into the output) must fail."""
+    """Accepting every proposal (the proposer's choices leak into the output) must fail."""
     real = rejection.verify
 
     def accept_all(logits, proposals, draft_probs, params, generators):
@@ -227,8 +145,8 @@ def test_the_test_catches_a_biased_acceptance_rule(monkeypatch):
         return [d + e[len(d):][:1] if d else e for d, e in zip(proposals, emitted)]
 
     monkeypatch.setattr("minillm.spec.decoder.verify", accept_all)
-    engine = tiny_engine(ngram_spec())
-    assert chi_square_rejects(sample_pairs(engine), exact_pairs(engine))
+    counts = lossless.sample_pairs(lossless.tiny_engine("ngram"), NUM_SAMPLES)
+    assert lossless.chi_square(counts, lossless.exact_pairs()).rejects
 
 
 # ---- settings ------------------------------------------------------------------------------------
@@ -248,9 +166,11 @@ def test_bad_speculative_configs_are_named(spec, message):
 
 
 def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
-    other = LlamaForCausalLM.random(ModelConfig(**{**TINY.__dict__, "vocab_size": 16}))
+    other = LlamaForCausalLM.random(ModelConfig(**{**lossless.TINY.__dict__, "vocab_size": 16}))
+    config = EngineConfig(num_kv_blocks=64, max_model_len=64, speculative_config=SpeculativeConfig(
+        "draft_model", num_speculative_tokens=2, model=str(tmp_path)))
     with pytest.raises(ValueError, match="vocabulary"):
-        tiny_engine(draft_spec(tmp_path), other)
+        Engine(lossless.tiny_random_model(0), None, config, draft_model=other)
 
 
 def test_the_triton_backend_verifies_as_the_reference_does():
