@@ -17,7 +17,7 @@ from minillm import roofline, simulator, sizing
 from minillm.roofline import Hardware
 from minillm.workload import RequestSpec
 
-pytestmark = pytest.mark.ch03  # KV sizing
+pytestmark = [pytest.mark.ch03, pytest.mark.ch10]  # KV sizing, KV dtype
 
 LLAMA = "llama-3-8b"
 KV_NUMBERS_PER_TOKEN = 2 * 32 * 8 * 128  # K and V, layers, KV heads, head dim

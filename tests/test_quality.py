@@ -10,6 +10,8 @@ import pytest
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.quality import held_out_text, perplexity
 
+pytestmark = pytest.mark.ch10
+
 
 @pytest.fixture(scope="module")
 def fp32() -> LLM:

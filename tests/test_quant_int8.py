@@ -32,6 +32,8 @@ from minillm.quant import (  # noqa: E402
 )
 from minillm.serve.datasets import shakespeare_passages  # noqa: E402
 
+pytestmark = pytest.mark.ch10
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 # The kernel against the fp32 reference rounded to the dtype: fp32 differs only in where the

@@ -25,6 +25,8 @@ from minillm.spec.simulate import SimulatedSpeculation
 from minillm.trace import StepRecord
 from minillm.workload import RequestSpec
 
+pytestmark = pytest.mark.ch10
+
 TARGET, DRAFT, GPU = "llama-3-8b", "llama-3.2-1b", "H100-SXM"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
 

@@ -21,6 +21,8 @@ from minillm.spec.cost import (
     speculative_step_time,
 )
 
+pytestmark = pytest.mark.ch10
+
 TARGET, DRAFT, GPU = "llama-3-8b", "llama-3.2-1b", "H100-SXM"
 
 
