@@ -131,20 +131,20 @@ def measure(workload: str, batch: int, k: int = 4, max_tokens: int = 96, rounds:
 
 
 def table(runs: list[SpecRun], k: int) -> str:
-    head = (f"{'workload':8} {'batch':>5} {'method':6} {'tok/s':>7} {'vs plain':>24} "
-            f"{'steps':>6} {'proposed':>8} {'accepted':>8} {'alpha':>6} {'mean len':>8} "
+    head = (f"{'workload':8} {'batch':>5} {'method':6} {'tok/s':>6} {'vs plain (range)':>19} "
+            f"{'steps':>5} {'proposed':>8} {'accepted':>8} {'alpha':>5} {'mean len':>8} "
             f"{'E(alpha)':>8}")
     lines = [head, "-" * len(head)]
     for r in runs:
-        spec = r.method != "plain"
-        ratio = str(r.ratio).replace(" median of ", " med/").replace(" rounds", "r") \
-            if spec else "1.00x"
-        lines.append(
-            f"{r.workload:8} {r.batch:>5} {r.method:6} {r.tokens_per_second:>7.0f} "
-            f"{ratio:>24} {r.steps:>6} "
-            + (f"{r.num_draft_tokens:>8} {r.num_accepted_tokens:>8} {r.alpha:>6.2f} "
-               f"{r.mean_accepted_length:>8.2f} {expected_tokens_per_step(r.alpha, k):>8.2f}"
-               if spec else f"{'':>8} {'':>8} {'':>6} {1.0:>8.2f} {'':>8}"))
+        ratio = "1.00x"
+        if r.method != "plain" and r.ratio is not None:
+            per_round = r.ratio.per_round
+            ratio = f"{r.ratio.median:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+        spec = (f"{r.num_draft_tokens:>8} {r.num_accepted_tokens:>8} {r.alpha:>5.2f} "
+                f"{r.mean_accepted_length:>8.2f} {expected_tokens_per_step(r.alpha, k):>8.2f}"
+                if r.method != "plain" else f"{'':>8} {'':>8} {'':>5} {1.0:>8.2f} {'':>8}")
+        lines.append(f"{r.workload:8} {r.batch:>5} {r.method:6} {r.tokens_per_second:>6.0f} "
+                     f"{ratio:>19} {r.steps:>5} {spec}")
     return "\n".join(lines)
 
 
