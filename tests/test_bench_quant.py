@@ -7,6 +7,8 @@ import pytest
 from minillm.bench.__main__ import main as bench_main
 from minillm.bench.quant import COLUMNS, SETTINGS
 
+pytestmark = pytest.mark.ch10
+
 
 def test_bench_quant_quick_prints_every_setting_side_by_side(
         capsys: pytest.CaptureFixture[str]) -> None:

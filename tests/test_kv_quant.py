@@ -48,6 +48,8 @@ from minillm.scheduler import ScheduledRequest  # noqa: E402
 from minillm.serve.datasets import shakespeare_passages  # noqa: E402
 from minillm.swap import KVSwapper  # noqa: E402
 
+pytestmark = pytest.mark.ch10
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 INT8, FP8, FP32 = torch.int8, torch.float8_e4m3fn, torch.float32
 NAMES = {INT8: "int8", FP8: "fp8"}

@@ -9,6 +9,8 @@ from minillm import LLM, SamplingParams
 from minillm.serve import start_server
 from minillm.serve.prometheus import ServerMetrics
 
+pytestmark = pytest.mark.ch10
+
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?\n"
 
