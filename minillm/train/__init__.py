@@ -15,7 +15,7 @@ the repository. This package makes it from scratch on a laptop-class CPU:
 ``__main__`` holds the command line and ``main``, which runs the four steps in order.
 
 ``--draft`` switches to the recipe of the speculative-decoding draft (``draft``): a ~0.9M-parameter
-Llama on the same data with the target's own tokenizer files, partly distilled from the target,
+Llama on the same data with the target's own tokenizer files (distillation from it optional),
 whose card reports its greedy agreement with the target (``draft_card``).
 
 Run:  python -m minillm.train --out minillm/assets/tiny-shakespeare [--minutes 35] [--seed 1337]
