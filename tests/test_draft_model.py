@@ -17,6 +17,8 @@ from minillm.quality import HELD_OUT
 from minillm.train.draft import TOKENIZER_FILES, greedy_agreement, load_target
 from minillm.train.loop import count_params
 
+pytestmark = pytest.mark.ch10
+
 DRAFT, TARGET = default_draft_path(), default_model_path()
 # Teacher-forced positions of The Tempest: the card's 2,048 (its first 512, the Gutenberg header
 # and the list of persons, agree less).
