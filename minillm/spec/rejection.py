@@ -33,18 +33,20 @@ def verify(logits: torch.Tensor, proposals: list[list[int]], draft_probs: list[t
     row_params = [p for p, d in zip(params, proposals) for _ in range(len(d) + 1)]
     p = sampling_probs(logits, row_params)  # (R, V): what the target would sample from
     q = torch.zeros_like(p)  # the proposer's distribution for each row's next token; 0: none
-    drafted_rows, drafted = [], []
+    drafted_rows, drafted, one_hot_rows, one_hot_tokens = [], [], [], []
     row = 0
     for d, probs in zip(proposals, draft_probs):
         rows = list(range(row, row + len(d)))  # row r + i checks proposal d[i]
-        if d:
-            if probs is None:
-                q[rows, d] = 1.0
-            else:
-                q[rows] = probs.float()
+        if d and probs is None:
+            one_hot_rows += rows
+            one_hot_tokens += d
+        elif d:
+            q[row:row + len(d)] = probs.float()
         drafted_rows += rows
         drafted += d
         row += len(d) + 1
+    if one_hot_rows:  # one indexed write for every one-hot proposal of the step
+        q[one_hot_rows, one_hot_tokens] = 1.0
     residual = (p - q).clamp(min=0)
     # p == q leaves no residual; but then every proposal is accepted and the row goes unused.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p)
