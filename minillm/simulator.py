@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minillm import models, roofline, sizing
+from minillm import models, parallel, roofline, sizing
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.kv_cache import BlockManager, kv_cache_block_bytes
 from minillm.metrics import Summary, summarize
@@ -56,6 +56,7 @@ class SimulationResult:
     hardware: roofline.Hardware
     wall_time: float
     draft_model: ModelConfig | None = None  # the draft priced under speculative decoding
+    layout: parallel.ParallelConfig = parallel.ParallelConfig()  # the TP x PP GPUs it ran on
 
     def summary(self, slo: dict[str, float] | None = None) -> Summary:
         """minillm.metrics.summarize over every request; slo as in meets_slo (seconds)."""
@@ -75,6 +76,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
              step_time: StepTimer = roofline.step_time, kv_dtype_bytes: float | None = None,
              acceptance_rate: float | None = None, draft_model: str | ModelConfig | None = None,
+             tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
              **engine_kwargs: Any) -> SimulationResult:
     """Serve workload with the real scheduler on hw, timing each step with the roofline model.
 
@@ -102,18 +104,32 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     (drawn i.i.d., seeded by seed=); method "draft_model" prices draft_model's forwards too
     (a name or ModelConfig; default: the config of speculative_config's "model" folder). See
     minillm.spec.simulate; stats() then adds the spec_decode_* counters.
+    tensor_parallel_size, pipeline_parallel_size: serve on t x p GPUs of hw (vLLM's names;
+    minillm.parallel): the pool is what each GPU's memory holds of its shard of the weights
+    and K/V, and each step is priced by parallel_step_time (all-reduces on hw's links). The
+    engine runs one step at a time, so a step under PP costs the sum of its stages: no
+    micro-batch overlap, pessimistic next to vLLM, which keeps p batches in flight
+    (parallel.pipeline_decode_throughput gives the overlapped bound). A step_time of your own
+    is used as given. Not with speculative decoding.
     """
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
+    layout = parallel.ParallelConfig(tensor_parallel_size, pipeline_parallel_size).check(mc)
     engine_kwargs, speculation = split_speculation(engine_kwargs, acceptance_rate, draft_model,
                                                    engine_kwargs.get("seed", 0))
+    if layout.world_size > 1:
+        if speculation is not None:
+            raise ValueError("speculative decoding is not modelled on several GPUs; use "
+                             "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
+        if step_time is roofline.step_time:
+            step_time = parallel.step_timer(layout)
     draft = speculation.draft if speculation else None
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
-                            kv_dtype_bytes, draft)
+                            kv_dtype_bytes, draft, layout)
     sim = Simulator(mc, hardware, config, dtype_bytes,
                     (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
                     record_block_tables, step_time, kv_dtype_bytes=kv_dtype_bytes,
-                    speculation=speculation)
+                    speculation=speculation, layout=layout)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # millions of small objects and no cycles: collections would only rescan them
     try:
@@ -123,18 +139,23 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
             gc.enable()
     return SimulationResult(outputs, sim.trace, sim.stats(), config, mc, hardware,
                             wall_time=time.perf_counter() - start,
-                            draft_model=draft)
+                            draft_model=draft, layout=layout)
 
 
 def resolve_config(model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
                    gpu_memory_utilization: float, engine_kwargs: dict[str, Any],
-                   kv_dtype_bytes: float | None = None, draft: ModelConfig | None = None
-                   ) -> EngineConfig:
-    """EngineConfig with max_model_len (default: the model's context) and num_kv_blocks set."""
+                   kv_dtype_bytes: float | None = None, draft: ModelConfig | None = None,
+                   layout: parallel.ParallelConfig | None = None) -> EngineConfig:
+    """EngineConfig with max_model_len (default: the model's context) and num_kv_blocks set
+    (on several GPUs, by parallel.num_kv_blocks: what every GPU of the layout holds)."""
     config = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
     max_len = config.max_model_len or model.max_position_embeddings
-    blocks = config.num_kv_blocks or num_kv_blocks_for_memory(
-        model, hw, config.block_size, dtype_bytes, gpu_memory_utilization, kv_dtype_bytes, draft)
+    sharded = layout is not None and layout.world_size > 1
+    blocks = config.num_kv_blocks or (
+        parallel.num_kv_blocks(model, hw, layout, config.block_size, dtype_bytes,
+                               gpu_memory_utilization, kv_dtype_bytes) if sharded else
+        num_kv_blocks_for_memory(model, hw, config.block_size, dtype_bytes,
+                                 gpu_memory_utilization, kv_dtype_bytes, draft))
     return dataclasses.replace(config, max_model_len=max_len, num_kv_blocks=blocks)
 
 
@@ -174,7 +195,8 @@ class Simulator:
                  dtype_bytes: int = 2, overheads: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
                  record_block_tables: bool = True, step_time: StepTimer = roofline.step_time,
                  *, kv_dtype_bytes: float | None = None,
-                 speculation: SimulatedSpeculation | None = None):
+                 speculation: SimulatedSpeculation | None = None,
+                 layout: parallel.ParallelConfig | None = None):
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         if (config.speculative_config is None) != (speculation is None):
             raise ValueError("speculative decoding needs both config.speculative_config and "
@@ -193,8 +215,13 @@ class Simulator:
         self.speculation = speculation
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
-        self.block_bytes = _block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
-                                        speculation.draft if speculation else None)
+        # Bytes of a block on one GPU: each swaps its own shard over its own host link.
+        self.block_bytes = (_block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
+                                         speculation.draft if speculation else None)
+                            if layout is None or layout.world_size == 1 else
+                            parallel.kv_block_bytes_per_gpu(
+                                model, layout, config.block_size,
+                                dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes))
         swap_space = (SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
                       if config.preemption_mode == "swap" else None)
         self.scheduler = Scheduler(config, self.block_manager, swap_space)
