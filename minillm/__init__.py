@@ -29,7 +29,10 @@ Module map (one concept each):
     metrics.py       RequestMetrics (TTFT, TPOT, ITL, E2E) and summaries with percentiles
     trace.py         StepRecord: what each step ran, for the widgets
     sizing.py        KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
-    hardware.py      Hardware: datasheet peaks of common GPUs and their host links (HARDWARE)
+    hardware.py      Hardware: datasheet peaks of common GPUs, their host links (HARDWARE)
+                     and GPU-to-GPU links (LINKS: NVLink, PCIe, InfiniBand, Ethernet)
+    parallel.py      tensor and pipeline parallelism: weights and KV per GPU, all-reduce,
+                     a TP x PP step's cost, bubbles: ParallelConfig, decode_tpot
     roofline.py      ridge points, the step cost model, measure_machine()
     workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
     prefix_workload.py  shared-prefix and multi-turn workloads with explicit token ids, and
@@ -58,12 +61,13 @@ Module map (one concept each):
                      tests and a chapter for `bench gpu`
 """
 
-from minillm import models, roofline
+from minillm import models, parallel, roofline
 from minillm.config import EngineConfig
 from minillm.fleet import simulate_fleet
 from minillm.llm import LLM, default_draft_path, default_model_path
 from minillm.metrics import RequestMetrics, summarize
 from minillm.model_config import ModelConfig
+from minillm.parallel import ParallelConfig
 from minillm.request import RequestOutput
 from minillm.sampling import SamplingParams
 from minillm.simulator import simulate
@@ -74,6 +78,7 @@ __all__ = [
     "LLM",
     "EngineConfig",
     "ModelConfig",
+    "ParallelConfig",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
@@ -85,6 +90,7 @@ __all__ = [
     "kv_cache_bytes",
     "max_concurrency",
     "models",
+    "parallel",
     "roofline",
     "simulate",
     "simulate_fleet",
