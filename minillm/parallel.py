@@ -55,13 +55,13 @@ class ParallelConfig:
         TP must divide the query heads and the MLP width, and divide the KV heads or be a
         multiple of them (then each KV head is replicated, vLLM's rule); PP at most the layers."""
         c, tp, pp = as_config(model), self.tensor_parallel_size, self.pipeline_parallel_size
-        K = c.num_key_value_heads
-        problems = [f"num_attention_heads={c.num_attention_heads}"
-                    * (c.num_attention_heads % tp != 0),
-                    f"intermediate_size={c.intermediate_size}" * (c.intermediate_size % tp != 0),
-                    f"num_key_value_heads={K} (neither divides the other)"
-                    * (K % tp != 0 and tp % K != 0)]
-        problems = [p for p in problems if p]
+        K, problems = c.num_key_value_heads, []
+        if c.num_attention_heads % tp:
+            problems.append(f"num_attention_heads={c.num_attention_heads}")
+        if c.intermediate_size % tp:
+            problems.append(f"intermediate_size={c.intermediate_size}")
+        if K % tp and tp % K:
+            problems.append(f"num_key_value_heads={K} (neither divides the other)")
         if problems:
             raise ValueError(f"tensor_parallel_size={tp} does not split {', '.join(problems)}; "
                              "pick a TP that divides them")
