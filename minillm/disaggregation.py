@@ -1,0 +1,440 @@
+"""Disaggregated prefill and decode in the simulator: two pools of replicas, the KV cache between.
+
+DistServe (OSDI '24), Splitwise (ISCA '24) and Mooncake (FAST '25) run prompts on prefill GPUs
+and generation on other, decode GPUs, so a long prefill never stalls a decode batch and each
+pool gets the GPU count and scheduler settings its phase wants. The price is the KV cache,
+shipped across a link once per request. Here each replica of either pool is a
+minillm.simulator.Simulator (the engine's Scheduler and BlockManager, timed by the roofline),
+and every replica runs on one virtual clock, as in minillm.fleet:
+
+1. A request arrives and goes to a prefill replica (round robin), which runs its prompt with
+   max_tokens=1: the first token is sampled there, so TTFT ends there, queueing included.
+2. Its prompt's K/V (prompt_len * kv_bytes_per_token bytes) crosses the link: latency +
+   bytes / bandwidth. Transfers out of one prefill replica go one at a time (one NIC per GPU,
+   as on a DGX), those of different replicas in parallel. The prefill replica frees its blocks
+   when the first token is out (optimistic: a real one holds them until the copy is done).
+3. When it lands, a decode replica (round robin) takes it: its blocks are allocated at once
+   (the K/V occupy that pool from then on; if they do not fit, the request waits for blocks),
+   and it is queued there with prompt + first token as its known tokens, the prompt's K/V
+   counted as computed, like an external prefix-cache hit in vLLM's KV connector. Only whole
+   blocks are handed over, as the prefix cache does: the last, partial block's tokens (fewer
+   than block_size) are recomputed with the first token's, in the decode replica's first step.
+4. The decode replica generates the remaining output_len - 1 tokens.
+
+A request's metrics join the two halves: arrival and first token from the prefill replica,
+the later tokens from the decode replica, so the transfer shows in the gap between the first
+and second token (ITL, TPOT) and in E2E.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minillm import models, roofline, sizing
+from minillm.config import EngineConfig
+from minillm.fleet import FleetResult, simulate_fleet
+from minillm.hardware import LINKS, Link
+from minillm.kv_cache import BlockManager, PrefixMatch
+from minillm.metrics import RequestMetrics, Summary, summarize
+from minillm.model_config import ModelConfig
+from minillm.request import Request, RequestOutput, RequestStatus
+from minillm.sampling import SamplingParams
+from minillm.scheduler import Scheduler
+from minillm.simulator import Simulator, StepTimer, resolve_config
+from minillm.swap import SwapSpace, num_swap_blocks
+from minillm.workload import RequestSpec, Workload
+
+__all__ = ["Comparison", "DisaggregatedResult", "KVTransfer", "compare_disaggregation",
+           "simulate_disaggregated"]
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    """One request's prompt K/V crossing the link: bytes, and when it left and landed (s)."""
+
+    index: int
+    prefill_replica: int
+    decode_replica: int
+    num_bytes: float
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class DisaggregatedResult:
+    """A disaggregated run: outputs in workload order (joined metrics), the transfers (None for
+    a request with output_len 1, which ends on the prefill side), both pools' configs and
+    counters; times on the virtual clock (s), wall_time on this machine (s)."""
+
+    outputs: list[RequestOutput]
+    transfers: list[KVTransfer | None]
+    prefill_gpus: int
+    decode_gpus: int
+    kv_link: Link
+    prefill_config: EngineConfig
+    decode_config: EngineConfig
+    prefill_stats: list[dict[str, int]]
+    decode_stats: list[dict[str, int]]
+    model: ModelConfig
+    hardware: roofline.Hardware
+    wall_time: float
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill_gpus + self.decode_gpus
+
+    @property
+    def kv_bytes_moved(self) -> float:
+        return sum(t.num_bytes for t in self.transfers if t is not None)
+
+    @property
+    def transfer_times(self) -> list[float]:
+        """Seconds each transfer took on the link, waits for the link excluded."""
+        return [t.end - t.start for t in self.transfers if t is not None]
+
+    def summary(self, slo: dict[str, float] | None = None) -> Summary:
+        """minillm.metrics.summarize over every request (goodput under slo)."""
+        return summarize((o.metrics for o in self.outputs), slo)
+
+
+def resolve_link(link: str | Link) -> Link:
+    """A Link, or a name in minillm.hardware.LINKS."""
+    if isinstance(link, Link):
+        return link
+    if isinstance(link, str) and link in LINKS:
+        return LINKS[link]
+    raise ValueError(f"kv_link must be a minillm.hardware.Link or one of {sorted(LINKS)}, "
+                     f"got {link!r}; build Link(name, bandwidth, latency) for another")
+
+
+def _check_gpus(**counts: object) -> None:
+    for name, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be an integer >= 1 (one replica per GPU), got {n!r}")
+
+
+def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware,
+                           workload: Workload | Sequence[RequestSpec], *, prefill_gpus: int,
+                           decode_gpus: int, kv_link: str | Link | None = None,
+                           prefill_kwargs: dict[str, Any] | None = None,
+                           decode_kwargs: dict[str, Any] | None = None, dtype_bytes: int = 2,
+                           kv_dtype_bytes: float | None = None,
+                           gpu_memory_utilization: float = 0.9,
+                           step_time: StepTimer = roofline.step_time) -> DisaggregatedResult:
+    """Serve workload on prefill_gpus prefill replicas and decode_gpus decode replicas of model
+    on hw, the K/V of each prompt shipped over kv_link (a Link or a LINKS name; default: hw's
+    inter_node_link, the pools being on different nodes). One replica per GPU.
+
+    prefill_kwargs, decode_kwargs: EngineConfig's for each pool (max_num_seqs,
+    max_num_batched_tokens, enable_chunked_prefill, ...). The decode pool's prefix cache is off
+    (the handed-over blocks are matched directly, see the module docstring). dtype_bytes,
+    kv_dtype_bytes (also the bytes per K/V number on the link), gpu_memory_utilization and
+    step_time are as in minillm.simulator.simulate. A closed-loop workload keeps
+    workload.concurrency requests in flight, the next sent when one finishes.
+    """
+    _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
+    link = resolve_link(roofline.get_hardware(hw).inter_node_link if kv_link is None
+                        else kv_link)
+    mc, hardware = models.as_config(model), roofline.get_hardware(hw)
+    decode_kwargs = dict(decode_kwargs or {})
+    if decode_kwargs.pop("enable_prefix_caching", False):
+        raise ValueError("the decode pool runs without prefix caching (the K/V it receives are "
+                         "matched directly); drop enable_prefix_caching from decode_kwargs")
+    configs = [resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, dict(kwargs),
+                              kv_dtype_bytes) for kwargs in (prefill_kwargs or {}, decode_kwargs)]
+    prefill = [Simulator(mc, hardware, configs[0], dtype_bytes, record_block_tables=False,
+                         step_time=step_time, kv_dtype_bytes=kv_dtype_bytes)
+               for _ in range(prefill_gpus)]
+    decode = [DecodeReplica(mc, hardware, configs[1], dtype_bytes, record_block_tables=False,
+                            step_time=step_time, kv_dtype_bytes=kv_dtype_bytes)
+              for _ in range(decode_gpus)]
+    for i, spec in enumerate(workload):
+        prefill[0].check_fits(i, dataclasses.replace(spec, output_len=1))
+        decode[0].check_fits(i, spec)
+    per_token = sizing.kv_bytes_per_token(mc, kv_dtype_bytes or dtype_bytes)
+    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
+    gc.disable()  # as in simulate: many small objects and no cycles
+    try:
+        pools = TwoPools(prefill, decode, link, per_token)
+        outputs = pools.run(workload)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return DisaggregatedResult(outputs, pools.transfers, prefill_gpus, decode_gpus, link,
+                               configs[0], configs[1], [s.stats() for s in prefill],
+                               [s.stats() for s in decode], mc, hardware,
+                               wall_time=time.perf_counter() - start)
+
+
+class DecodeReplica(Simulator):
+    """A Simulator that admits requests whose prompt K/V arrived from elsewhere.
+
+    land() allocates the K/V's blocks to a stand-in request (they take up the pool from then
+    on) and queues the real one; at its admission the scheduler's prefix lookup is answered
+    with the stand-in's whole blocks, as a prefix-cache hit would be, and after that step the
+    stand-in lets go of them, leaving the real request their only holder."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        c = self.config
+        assert c.num_kv_blocks is not None
+        self.block_manager = HandoverBlockManager(c.num_kv_blocks, c.block_size, False)
+        swap_space = (SwapSpace(num_swap_blocks(c.swap_space, self.block_bytes))
+                      if c.preemption_mode == "swap" else None)
+        self.scheduler = Scheduler(c, self.block_manager, swap_space)
+        self.backlog: deque[tuple[int, list[int], int, float]] = deque()  # waiting for blocks
+        self.unadmitted: list[tuple[Request, Request]] = []  # (request, stand-in)
+        self.num_dropped_handovers = 0
+
+    @property
+    def load(self) -> int:
+        """Requests on this replica: running, queued, or with K/V waiting for blocks."""
+        return len(self.scheduler.running) + len(self.scheduler.waiting) + len(self.backlog)
+
+    def land(self, index: int, token_ids: list[int], max_tokens: int, now: float) -> None:
+        """The K/V of token_ids[:-1] arrived at now: queue request str(index) to generate
+        max_tokens more, or keep it in the backlog until the pool has blocks for them."""
+        if not self.scheduler.has_unfinished_requests():  # idle: its clock waits for this one
+            self.clock = max(self.clock, now)
+        if self.backlog or not self._try_land(index, token_ids, max_tokens, now):
+            self.backlog.append((index, token_ids, max_tokens, now))
+
+    def _try_land(self, index: int, token_ids: list[int], max_tokens: int, now: float) -> bool:
+        num_kv = len(token_ids) - 1
+        stand_in = Request(f"kv-{index}", token_ids[:num_kv], SamplingParams(max_tokens=1), now)
+        if not self.block_manager.allocate(stand_in, num_kv):
+            return False
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        req = Request(str(index), token_ids, params, now)
+        self.block_manager.handed_over[id(req.token_ids)] = stand_in
+        self.unadmitted.append((req, stand_in))
+        self.scheduler.add_request(req)
+        return True
+
+    def step(self) -> list[Request]:
+        """Simulator.step, then the stand-ins of requests it admitted let go, and the backlog
+        lands while blocks allow."""
+        self._unblock()
+        finished = super().step()
+        if self.unadmitted:
+            bm, still = self.block_manager, []
+            for req, stand_in in self.unadmitted:
+                if req.status is RequestStatus.WAITING:
+                    still.append((req, stand_in))
+                else:
+                    del bm.handed_over[id(req.token_ids)]
+                    bm.free(stand_in)
+            self.unadmitted = still
+        while self.backlog and self._try_land(*self.backlog[0]):
+            self.backlog.popleft()
+        return finished
+
+
+    def _unblock(self) -> None:
+        """If nothing runs and the head of the queue cannot have the blocks of its first step,
+        drop the K/V that landed for requests queued behind it, newest first: they recompute
+        their prompts here, as a preempted request does. Without this, K/V that arrived early
+        could hold the pool while the request that must go first waits for it forever."""
+        sched, bm, c = self.scheduler, self.block_manager, self.config
+        if sched.running or not sched.waiting or not self.unadmitted:
+            return
+        sched.waiting.order()
+        head = sched.waiting[0]
+        held = ((len(head.token_ids) - 1) // bm.block_size
+                if id(head.token_ids) in bm.handed_over else 0)
+        num_new = head.num_tokens - held * bm.block_size
+        if c.enable_chunked_prefill:
+            num_new = min(num_new, c.max_num_batched_tokens)
+        need = bm.num_blocks_for(held * bm.block_size + num_new) - held
+        while bm.num_free_blocks < need:
+            others = [pair for pair in self.unadmitted if pair[0] is not head]
+            if not others:
+                return
+            req, stand_in = others[-1]
+            self.unadmitted.remove((req, stand_in))
+            del bm.handed_over[id(req.token_ids)]
+            bm.free(stand_in)
+            self.num_dropped_handovers += 1
+
+    def stats(self) -> dict[str, int]:
+        """Simulator.stats, and how many landed K/V were dropped to unblock the queue."""
+        return super().stats() | {"kv_handovers_dropped": self.num_dropped_handovers}
+
+
+class HandoverBlockManager(BlockManager):
+    """A BlockManager whose prefix lookup returns, for a request that landed and is not yet
+    admitted, the whole blocks its K/V arrived in (handed_over: id of its token_ids -> the
+    stand-in request holding them); otherwise the usual lookup (off on a decode replica)."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.handed_over: dict[int, Request] = {}
+
+    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
+        stand_in = self.handed_over.get(id(token_ids))
+        if stand_in is None:
+            return super().match_prefix(token_ids)
+        num_full = (len(token_ids) - 1) // self.block_size  # at least one token to compute
+        return PrefixMatch(stand_in.block_table[:num_full], num_full)
+
+
+class TwoPools:
+    """Prefill and decode replicas stepped in order of virtual time; arrivals and landings are
+    events applied when the clock meets them (before a step that starts at the same instant)."""
+
+    def __init__(self, prefill: list[Simulator], decode: list[DecodeReplica], link: Link,
+                 kv_bytes_per_token: float):
+        self.prefill, self.decode, self.link = prefill, decode, link
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.link_free = [0.0] * len(prefill)  # when each prefill replica's link is next idle
+        self.transfers: list[KVTransfer | None] = []
+
+    def run(self, workload: Sequence[RequestSpec]) -> list[RequestOutput]:
+        """Serve every request; the joined outputs come back in workload order."""
+        n = len(workload)
+        concurrency = getattr(workload, "concurrency", None)  # a plain list is an open loop
+        first = n if concurrency is None else min(concurrency, n)
+        seq = itertools.count()  # keeps events of one instant in the order they were made
+        # (time, order, workload index, tokens to land or None for an arrival)
+        events: list[tuple[float, int, int, list[int] | None]] = [
+            (workload[i].arrival_time if concurrency is None else 0.0, next(seq), i, None)
+            for i in range(first)]
+        heapq.heapify(events)
+        issued, replicas = first, [*self.prefill, *self.decode]
+        self.transfers = [None] * n
+        halves: list[Request | None] = [None] * n
+        done: list[RequestOutput | None] = [None] * n
+        arrivals, landings = itertools.count(), itertools.count()
+        while events or any(s.scheduler.has_unfinished_requests() for s in replicas):
+            busy = [s for s in replicas if s.scheduler.has_unfinished_requests()]
+            sim = min(busy, key=lambda s: s.clock) if busy else None
+            if events and (sim is None or events[0][0] <= sim.clock):
+                now, _, i, tokens = heapq.heappop(events)
+                if tokens is None:  # an arrival: its prompt, to a prefill replica
+                    k = next(arrivals) % len(self.prefill)
+                    p = self.prefill[k]
+                    if not p.scheduler.has_unfinished_requests():
+                        p.clock = max(p.clock, now)
+                    halves[i] = p.add_request(i, dataclasses.replace(workload[i], output_len=1),
+                                              now)
+                else:  # a landing: to a decode replica
+                    d = next(landings) % len(self.decode)
+                    self.decode[d].land(i, tokens, workload[i].output_len - 1, now)
+                    transfer = self.transfers[i]
+                    assert transfer is not None
+                    self.transfers[i] = dataclasses.replace(transfer, decode_replica=d)
+                continue
+            assert sim is not None
+            ended = []
+            for req in sim.step():
+                i = int(req.request_id)
+                if isinstance(sim, DecodeReplica):
+                    first_half = halves[i]
+                    assert first_half is not None
+                    done[i] = joined(first_half, req)
+                    ended.append(i)
+                elif workload[i].output_len == 1:
+                    done[i] = RequestOutput.of(req)
+                    ended.append(i)
+                else:
+                    landing = self.send(i, self.prefill.index(sim), req)
+                    heapq.heappush(events, (landing, next(seq), i, req.token_ids))
+            for _ in ended:
+                if concurrency is not None and issued < n:
+                    heapq.heappush(events, (sim.clock, next(seq), issued, None))
+                    issued += 1
+        for sim in replicas:
+            bm = sim.block_manager
+            if bm.num_free_blocks != bm.num_blocks:
+                raise RuntimeError(f"a KV block was lost on a replica: {sim.stats()}")
+        assert all(o is not None for o in done), "a request was lost"
+        return done  # type: ignore[return-value]
+
+    def send(self, index: int, replica: int, req: Request) -> float:
+        """Put req's prompt K/V on prefill replica's link once its first token is out and the
+        link is free; returns when it lands."""
+        assert req.metrics.first_token_time is not None
+        num_bytes = req.num_prompt_tokens * self.kv_bytes_per_token
+        start = max(req.metrics.first_token_time, self.link_free[replica])
+        end = self.link_free[replica] = (start + self.link.latency
+                                         + num_bytes / self.link.bandwidth)
+        self.transfers[index] = KVTransfer(index, replica, -1, num_bytes, start, end)
+        return end
+
+
+def joined(prefill_half: Request, decode_half: Request) -> RequestOutput:
+    """One request's output from its two halves: arrival and first token from the prefill
+    side, the other tokens and the finish from the decode side."""
+    first, rest = prefill_half.metrics, decode_half.metrics
+    metrics = RequestMetrics(arrival_time=first.arrival_time,
+                             first_scheduled_time=first.first_scheduled_time,
+                             first_token_time=first.first_token_time,
+                             finished_time=rest.finished_time,
+                             token_times=first.token_times + rest.token_times)
+    return RequestOutput(prefill_half.request_id, prefill_half.prompt,
+                         prefill_half.prompt_token_ids, "",
+                         prefill_half.output_token_ids + decode_half.output_token_ids,
+                         decode_half.finish_reason, None, metrics, decode_half.is_finished)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Disaggregated and colocated serving of one workload on the same number of GPUs."""
+
+    disaggregated: DisaggregatedResult
+    colocated: FleetResult
+    slo: dict[str, float]
+
+    @property
+    def goodput(self) -> tuple[float, float]:
+        """(disaggregated, colocated) requests/s that met the SLO."""
+        return (self.disaggregated.summary(self.slo).goodput or 0.0,
+                self.colocated.summary(self.slo).goodput or 0.0)
+
+    def table(self) -> str:
+        """TTFT and TPOT p50/p99 (ms) and goodput (req/s) of both, one row each."""
+        lines = [f"{'':<22} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
+                 f"{'goodput':>8}"]
+        d = self.disaggregated
+        rows = [(f"disagg {d.prefill_gpus}P+{d.decode_gpus}D", d.summary(self.slo)),
+                (f"colocated x{len(self.colocated.replicas)}",
+                 self.colocated.summary(self.slo))]
+        for name, s in rows:
+            lines.append(f"{name:<22} {s.ttft.p50 * 1e3:>9.1f} {s.ttft.p99 * 1e3:>9.1f} "
+                         f"{s.tpot.p50 * 1e3:>9.2f} {s.tpot.p99 * 1e3:>9.2f} "
+                         f"{s.goodput or 0.0:>8.2f}")
+        return "\n".join(lines)
+
+
+def compare_disaggregation(model: str | ModelConfig, hw: str | roofline.Hardware,
+                           workload: Workload | Sequence[RequestSpec], slo: dict[str, float], *,
+                           prefill_gpus: int, decode_gpus: int,
+                           kv_link: str | Link | None = None,
+                           prefill_kwargs: dict[str, Any] | None = None,
+                           decode_kwargs: dict[str, Any] | None = None,
+                           colocated_kwargs: dict[str, Any] | None = None,
+                           **common: Any) -> Comparison:
+    """simulate_disaggregated against simulate_fleet on prefill_gpus + decode_gpus colocated
+    replicas (round robin, chunked prefill as EngineConfig's default, colocated_kwargs on
+    top; prefix caching off in both unless asked for); common: dtype_bytes, kv_dtype_bytes,
+    gpu_memory_utilization, step_time, for both."""
+    _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
+    disaggregated = simulate_disaggregated(
+        model, hw, workload, prefill_gpus=prefill_gpus, decode_gpus=decode_gpus,
+        kv_link=kv_link, prefill_kwargs=prefill_kwargs, decode_kwargs=decode_kwargs, **common)
+    colocated = simulate_fleet(model, hw, workload, num_replicas=prefill_gpus + decode_gpus,
+                               **({"enable_prefix_caching": False} | (colocated_kwargs or {})),
+                               **common)
+    return Comparison(disaggregated, colocated, dict(slo))
