@@ -11,8 +11,9 @@ pipeline_parallel_size).
 Model (stated so it can be argued with): each stage is a roofline step (minillm.roofline) over
 its share of the work per GPU; collectives are ring all-reduces on the Link that joins the group
 (NVLink inside a node, the inter-node link once a TP group spans nodes); a stage boundary is one
-send. Compute and communication do not overlap, and the ring is priced at the link's peak, so
-real all-reduces are slower for mid-sized messages and faster where NCCL uses NVLink SHARP.
+send. Optimistic where the roofline is (peak FLOP/s and bandwidth on every GPU) and in pricing
+the ring at the link's peak (real all-reduces of mid-sized messages are slower; NVLink SHARP
+beats the ring on large ones); pessimistic in that compute and communication never overlap.
 """
 
 from __future__ import annotations
