@@ -42,6 +42,8 @@ Module map (one concept each):
     serve/           minillm serve (OpenAI-compatible HTTP server) and the benchmark client
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
     fleet.py         N simulated replicas behind a router on one virtual clock: simulate_fleet()
+    disaggregation.py  prefill and decode pools, the K/V shipped over a link between them:
+                     simulate_disaggregated(), compare_disaggregation() with colocated serving
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
@@ -63,6 +65,7 @@ Module map (one concept each):
 
 from minillm import models, parallel, roofline
 from minillm.config import EngineConfig
+from minillm.disaggregation import simulate_disaggregated
 from minillm.fleet import simulate_fleet
 from minillm.llm import LLM, default_draft_path, default_model_path
 from minillm.metrics import RequestMetrics, summarize
@@ -93,6 +96,7 @@ __all__ = [
     "parallel",
     "roofline",
     "simulate",
+    "simulate_disaggregated",
     "simulate_fleet",
     "summarize",
 ]

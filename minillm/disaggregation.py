@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minillm import models, roofline, sizing
+from minillm import models, parallel, roofline, sizing
 from minillm.config import EngineConfig
 from minillm.fleet import FleetResult, simulate_fleet
 from minillm.hardware import LINKS, Link
@@ -75,14 +75,17 @@ class KVTransfer:
 @dataclass(frozen=True)
 class DisaggregatedResult:
     """A disaggregated run: outputs in workload order (joined metrics), the transfers (None for
-    a request with output_len 1, which ends on the prefill side), both pools' configs and
-    counters; times on the virtual clock (s), wall_time on this machine (s)."""
+    a request with output_len 1, which ends on the prefill side), each pool's GPUs, replica
+    layout, config and per-replica counters; kv_link as given (one lane of it); times on the
+    virtual clock (s), wall_time on this machine (s)."""
 
     outputs: list[RequestOutput]
     transfers: list[KVTransfer | None]
     prefill_gpus: int
     decode_gpus: int
     kv_link: Link
+    prefill_layout: parallel.ParallelConfig
+    decode_layout: parallel.ParallelConfig
     prefill_config: EngineConfig
     decode_config: EngineConfig
     prefill_stats: list[dict[str, int]]
@@ -133,49 +136,71 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
                            kv_dtype_bytes: float | None = None,
                            gpu_memory_utilization: float = 0.9,
                            step_time: StepTimer = roofline.step_time) -> DisaggregatedResult:
-    """Serve workload on prefill_gpus prefill replicas and decode_gpus decode replicas of model
-    on hw, the K/V of each prompt shipped over kv_link (a Link or a LINKS name; default: hw's
-    inter_node_link, the pools being on different nodes). One replica per GPU.
+    """Serve workload on prefill_gpus GPUs of prefill replicas and decode_gpus GPUs of decode
+    replicas of model on hw, the K/V of each prompt shipped over kv_link (a Link or a LINKS
+    name; default: hw's inter_node_link, the pools being on different nodes).
 
-    prefill_kwargs, decode_kwargs: EngineConfig's for each pool (max_num_seqs,
-    max_num_batched_tokens, enable_chunked_prefill, ...). The decode pool's prefix cache is off
-    (the handed-over blocks are matched directly, see the module docstring). dtype_bytes,
-    kv_dtype_bytes (also the bytes per K/V number on the link), gpu_memory_utilization and
-    step_time are as in minillm.simulator.simulate. A closed-loop workload keeps
-    workload.concurrency requests in flight, the next sent when one finishes.
+    prefill_kwargs, decode_kwargs: each pool's EngineConfig keywords (max_num_seqs,
+    max_num_batched_tokens, enable_chunked_prefill, ...) and its replicas' layout,
+    tensor_parallel_size and pipeline_parallel_size (default 1: one GPU per replica; a pool's
+    GPUs must be a multiple of t x p). Under TP or PP each GPU sends its shard of the K/V on
+    its own link, so a transfer moves as many times the link's bandwidth as the smaller of the
+    two replicas has GPUs. The decode pool's prefix cache is off (the K/V it receives are
+    matched directly, see the module docstring). dtype_bytes, kv_dtype_bytes (also the bytes
+    per K/V number on the link), gpu_memory_utilization and step_time are as in
+    minillm.simulator.simulate. A closed-loop workload keeps workload.concurrency requests in
+    flight, the next sent when one finishes.
     """
     _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
-    link = resolve_link(roofline.get_hardware(hw).inter_node_link if kv_link is None
-                        else kv_link)
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
+    link = resolve_link(hardware.inter_node_link if kv_link is None else kv_link)
     decode_kwargs = dict(decode_kwargs or {})
     if decode_kwargs.pop("enable_prefix_caching", False):
         raise ValueError("the decode pool runs without prefix caching (the K/V it receives are "
                          "matched directly); drop enable_prefix_caching from decode_kwargs")
-    configs = [resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, dict(kwargs),
-                              kv_dtype_bytes) for kwargs in (prefill_kwargs or {}, decode_kwargs)]
-    prefill = [Simulator(mc, hardware, configs[0], dtype_bytes, record_block_tables=False,
-                         step_time=step_time, kv_dtype_bytes=kv_dtype_bytes)
-               for _ in range(prefill_gpus)]
-    decode = [DecodeReplica(mc, hardware, configs[1], dtype_bytes, record_block_tables=False,
-                            step_time=step_time, kv_dtype_bytes=kv_dtype_bytes)
-              for _ in range(decode_gpus)]
+    common = (mc, hardware, dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time)
+    prefill, prefill_layout = _pool("prefill", prefill_gpus, Simulator,
+                                    dict(prefill_kwargs or {}), *common)
+    decode, decode_layout = _pool("decode", decode_gpus, DecodeReplica, decode_kwargs, *common)
     for i, spec in enumerate(workload):
         prefill[0].check_fits(i, dataclasses.replace(spec, output_len=1))
         decode[0].check_fits(i, spec)
+    lanes = min(prefill_layout.world_size, decode_layout.world_size)
+    wire = Link(f"{lanes} x {link.name}", link.bandwidth * lanes, link.latency)
     per_token = sizing.kv_bytes_per_token(mc, kv_dtype_bytes or dtype_bytes)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # as in simulate: many small objects and no cycles
     try:
-        pools = TwoPools(prefill, decode, link, per_token)
+        pools = TwoPools(prefill, decode, wire, per_token)
         outputs = pools.run(workload)
     finally:
         if gc_was_enabled:
             gc.enable()
     return DisaggregatedResult(outputs, pools.transfers, prefill_gpus, decode_gpus, link,
-                               configs[0], configs[1], [s.stats() for s in prefill],
-                               [s.stats() for s in decode], mc, hardware,
-                               wall_time=time.perf_counter() - start)
+                               prefill_layout, decode_layout, prefill[0].config,
+                               decode[0].config,
+                               [s.stats() for s in prefill], [s.stats() for s in decode], mc,
+                               hardware, wall_time=time.perf_counter() - start)
+
+
+def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
+          model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
+          kv_dtype_bytes: float | None, gpu_memory_utilization: float, step_time: StepTimer
+          ) -> tuple[list[Any], parallel.ParallelConfig]:
+    """gpus // (t x p) replicas of one pool and their TP x PP layout, taken out of kwargs."""
+    layout = parallel.ParallelConfig(kwargs.pop("tensor_parallel_size", 1),
+                                     kwargs.pop("pipeline_parallel_size", 1)).check(model)
+    if gpus % layout.world_size:
+        raise ValueError(f"{name}_gpus={gpus} is not a multiple of the {name} replicas' "
+                         f"{layout.world_size} GPUs (tensor_parallel_size x "
+                         f"pipeline_parallel_size); change one or the other")
+    if layout.world_size > 1 and step_time is roofline.step_time:
+        step_time = parallel.step_timer(layout)
+    config = resolve_config(model, hw, dtype_bytes, gpu_memory_utilization, kwargs,
+                            kv_dtype_bytes, None, layout)
+    return [kind(model, hw, config, dtype_bytes, record_block_tables=False,
+                 step_time=step_time, kv_dtype_bytes=kv_dtype_bytes, layout=layout)
+            for _ in range(gpus // layout.world_size)], layout
 
 
 class DecodeReplica(Simulator):

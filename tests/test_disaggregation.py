@@ -39,6 +39,10 @@ def test_every_request_gets_its_tokens_when_the_decode_pool_runs_dry() -> None:
     assert all(o.finished and o.finish_reason == "length" for o in result.outputs)
     assert [o.request_id for o in result.outputs] == [str(i) for i in range(len(work))]
     assert sum(s["num_preemptions"] for s in result.decode_stats) > 0
+    assert sum(s["kv_handovers_dropped"] for s in result.decode_stats) > 0  # queue unblocked
+    # the fake tokens are those of one colocated replica: a function of the tokens so far
+    alone = simulate(MODEL, HW, work, record_block_tables=False)
+    assert [o.token_ids for o in result.outputs] == [o.token_ids for o in alone.outputs]
     # (simulate_disaggregated raises if a block is still held on any replica at the end)
     for spec, out, transfer in zip(work, result.outputs, result.transfers):
         m = out.metrics
@@ -104,6 +108,24 @@ def test_disaggregation_does_not_win_on_chat() -> None:
     c = compare_disaggregation(MODEL, HW, chat(), SLO, prefill_gpus=2, decode_gpus=2)
     disaggregated, colocated = c.goodput
     assert disaggregated <= 1.01 * colocated
+
+
+def test_tensor_parallel_pools_send_on_every_gpus_link() -> None:
+    """A TP=2 replica per pool: half the replicas, each K/V shard on its own NIC."""
+    work = rag(20, rate=4.0)
+    one, tp2 = (simulate_disaggregated(MODEL, HW, work, prefill_gpus=2, decode_gpus=2,
+                                       prefill_kwargs=dict(kw), decode_kwargs=dict(kw))
+                for kw in ({}, {"tensor_parallel_size": 2}))
+    assert (len(one.prefill_stats), len(tp2.prefill_stats)) == (2, 1)
+    assert tp2.prefill_layout.world_size == tp2.decode_layout.world_size == 2
+    link = one.kv_link
+    for a, b in zip(one.transfers, tp2.transfers):
+        assert a is not None and b is not None and a.num_bytes == b.num_bytes
+        assert b.duration == pytest.approx(link.latency + b.num_bytes / (2 * link.bandwidth))
+    assert tp2.summary().ttft.p50 < one.summary().ttft.p50
+    with pytest.raises(ValueError, match="prefill_gpus=3 is not a multiple"):
+        simulate_disaggregated(MODEL, HW, work, prefill_gpus=3, decode_gpus=2,
+                               prefill_kwargs={"tensor_parallel_size": 2})
 
 
 def test_a_closed_loop_keeps_its_concurrency() -> None:
