@@ -8,6 +8,8 @@ from minillm import models, parallel, roofline, sizing
 from minillm.hardware import HARDWARE, LINKS, Hardware, Link
 from minillm.parallel import ParallelConfig
 
+pytestmark = pytest.mark.ch11
+
 H100 = HARDWARE["H100-SXM"]
 L70 = "llama-3-70b"
 

@@ -7,6 +7,8 @@ from minillm import parallel, workload
 from minillm.parallel import ParallelConfig
 from minillm.simulator import simulate
 
+pytestmark = pytest.mark.ch11
+
 
 def _requests(n: int = 120, rate: float = 8.0) -> workload.Workload:
     return workload.poisson(n, rate, workload.Uniform(64, 512), workload.Uniform(16, 96), seed=3)
