@@ -24,6 +24,13 @@ and every replica runs on one virtual clock, as in minillm.fleet:
 A request's metrics join the two halves: arrival and first token from the prefill replica,
 the later tokens from the decode replica, so the transfer shows in the gap between the first
 and second token (ITL, TPOT) and in E2E.
+
+Where the model is optimistic: the prefill replica's blocks are free before the copy ends;
+the link carries nothing else; a client is sent the first token by the prefill replica (vLLM's
+example proxy streams only from the decode instance, which adds the transfer and a decode step
+to TTFT). Where it is pessimistic: the copy starts after the whole prefill, where DistServe and
+Mooncake stream it layer by layer during the prefill and hide most of it. Routing is round
+robin in both pools, as simulate_fleet's default is for the colocated baseline.
 """
 
 from __future__ import annotations
