@@ -230,11 +230,6 @@ class DecodeReplica(Simulator):
         self.unadmitted: list[tuple[Request, Request]] = []  # (request, stand-in)
         self.num_dropped_handovers = 0
 
-    @property
-    def load(self) -> int:
-        """Requests on this replica: running, queued, or with K/V waiting for blocks."""
-        return len(self.scheduler.running) + len(self.scheduler.waiting) + len(self.backlog)
-
     def land(self, index: int, token_ids: list[int], max_tokens: int, now: float) -> None:
         """The K/V of token_ids[:-1] arrived at now: queue request str(index) to generate
         max_tokens more, or keep it in the backlog until the pool has blocks for them."""
@@ -272,7 +267,6 @@ class DecodeReplica(Simulator):
         while self.backlog and self._try_land(*self.backlog[0]):
             self.backlog.popleft()
         return finished
-
 
     def _unblock(self) -> None:
         """If nothing runs and the head of the queue cannot have the blocks of its first step,
