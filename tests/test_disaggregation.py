@@ -31,7 +31,9 @@ def chat(n: int = 300, rate: float = 32.0) -> workload.Workload:
 
 def test_every_request_gets_its_tokens_when_the_decode_pool_runs_dry() -> None:
     # 120 blocks of 16 tokens per decode replica: K/V wait for blocks, decodes get preempted.
-    work = workload.poisson(60, 40.0, (200, 900), (1, 300), seed=3)
+    # and two edge cases: one token (no transfer) and two (one decode-side step)
+    work = [*workload.poisson(60, 40.0, (200, 900), (6, 300), seed=3),
+            workload.RequestSpec(0.5, 300, 1), workload.RequestSpec(0.6, 40, 2)]
     result = simulate_disaggregated(MODEL, HW, work, prefill_gpus=2, decode_gpus=2,
                                     prefill_kwargs={"num_kv_blocks": 200},
                                     decode_kwargs={"num_kv_blocks": 120, "max_num_seqs": 16})
@@ -49,6 +51,7 @@ def test_every_request_gets_its_tokens_when_the_decode_pool_runs_dry() -> None:
         assert len(m.token_times) == spec.output_len
         assert m.token_times == sorted(m.token_times) and m.finished_time == m.token_times[-1]
         assert (transfer is None) == (spec.output_len == 1)
+    assert result.transfers[-2] is None and result.transfers[-1] is not None
 
 
 def test_ttft_is_the_prefill_pools_alone() -> None:
