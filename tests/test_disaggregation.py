@@ -15,6 +15,8 @@ from minillm.disaggregation import compare_disaggregation, simulate_disaggregate
 from minillm.hardware import LINKS, Link
 from minillm.simulator import simulate
 
+pytestmark = pytest.mark.ch11
+
 MODEL, HW = "llama-3-8b", "H100-SXM"
 SLO = {"ttft": 1.0, "tpot": 0.008}  # DistServe-style: a loose TTFT, a tight TPOT
 
