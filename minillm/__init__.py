@@ -44,6 +44,7 @@ Module map (one concept each):
     fleet.py         N simulated replicas behind a router on one virtual clock: simulate_fleet()
     disaggregation.py  prefill and decode pools, the K/V shipped over a link between them:
                      simulate_disaggregated(), compare_disaggregation() with colocated serving
+    kv_handover.py   the decode replica that takes in prompt K/V computed elsewhere
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
