@@ -1,0 +1,351 @@
+"""recommend(): the guide's starting-config recipe for a deployment, as code.
+
+Given a model, a GPU type, a workload, latency SLOs and a number of GPUs, the recipe:
+
+1. tensor parallelism only as far as needed: the smallest power of two (inside one node) at
+   which the weights and the K/V of a few full-length sequences fit each GPU;
+2. max_num_seqs from the KV formula: the sequences of typical length (p90 prompt + output)
+   that the per-GPU pool holds, capped;
+3. max_num_batched_tokens, the chunk size of chunked prefill: the largest budget whose mixed
+   step (one full chunk plus a full batch of decodes) stays under the TPOT SLO, so a long
+   prompt never stalls the decodes sharing its steps;
+4. a small goodput search in the simulator around that start (max_num_seqs and the budget
+   halved and doubled, then TP doubled), keeping the best goodput that meets the SLO.
+
+The GPUs left over become replicas (data parallelism: gpus // TP engines). Model (stated so it
+can be argued with): a router spreads requests evenly, so one replica serving every
+replicas-th request stands for all of them and the fleet's goodput is replicas times its own;
+every step is priced by the roofline (minillm.parallel), which is optimistic: real engines
+reach a fraction of peak, so calibrate the overheads (minillm.calibration) before trusting
+the absolute numbers. "Meets the SLO" means at least `attainment` of the requests (0.9, as
+DistServe counts) meet every bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from minillm import parallel
+from minillm.hardware import Hardware, get_hardware
+from minillm.metrics import Summary, meets_slo, percentile
+from minillm.models import ModelLike, as_config
+from minillm.simulator import SimulationResult, simulate
+from minillm.sizing import cost_per_million_tokens
+from minillm.workload import RequestSpec, Workload
+
+MAX_NUM_SEQS_CAP = 256  # vLLM's default max_num_seqs: past it the scheduler's work per step grows
+MIN_BATCHED_TOKENS = 512  # below it a prefill chunk is too small to use the GPU's FLOPs
+MAX_BATCHED_TOKENS = 16384
+MIN_FULL_SEQUENCES = 4  # "fits" means a few longest requests at once, not one
+GPU_MEMORY_UTILIZATION = 0.9  # the share of memory the engine takes (vLLM's default)
+GOODPUT_TOLERANCE = 0.02  # a search step must beat the current best by this share to replace it
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A deployment: tensor_parallel_size GPUs per engine, replicas engines, their scheduler
+    settings; summary: one replica's modelled run (seconds, requests/s); goodput: the fleet's
+    requests/s that meet the SLO; attainment: the share of requests that met it;
+    dollars_per_million_tokens: output tokens, None when the hardware has no price;
+    reasoning: one line per step of the recipe, with the numbers that drove it."""
+
+    model: str
+    hardware: str
+    tensor_parallel_size: int
+    replicas: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    summary: Summary
+    goodput: float
+    attainment: float
+    dollars_per_million_tokens: float | None
+    reasoning: list[str] = field(default_factory=list)
+    enable_chunked_prefill: bool = True
+
+    @property
+    def gpus_used(self) -> int:
+        return self.tensor_parallel_size * self.replicas
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The settings as simulate()'s (and vLLM's) keyword arguments, for one replica."""
+        return {"tensor_parallel_size": self.tensor_parallel_size,
+                "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "enable_chunked_prefill": self.enable_chunked_prefill}
+
+    def explain(self) -> str:
+        """The reasoning, one numbered line per step."""
+        return "\n".join(f"{i}. {line}" for i, line in enumerate(self.reasoning, 1))
+
+
+def replica_share(workload: Sequence[RequestSpec], replicas: int) -> Workload:
+    """The requests one of replicas engines serves under an even router: every replicas-th
+    request (arrival times kept, so its rate is 1/replicas of the whole); a closed loop's
+    concurrency is split too."""
+    if not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a positive int, got {replicas!r}")
+    specs = list(workload)[::replicas]
+    concurrency = getattr(workload, "concurrency", None)
+    rate = getattr(workload, "rate", None)
+    return Workload(specs, None if concurrency is None else max(concurrency // replicas, 1),
+                    None if rate is None else rate / replicas)
+
+
+def attainment(result: SimulationResult, slo: dict[str, float]) -> dict[str, float]:
+    """The share of finished requests that meet each bound of slo alone, and "all": every one."""
+    done = [o.metrics for o in result.outputs if o.metrics.finished_time is not None]
+    shares = {name: sum(meets_slo(m, {name: bound}) for m in done) / len(done)
+              for name, bound in slo.items()}
+    shares["all"] = sum(meets_slo(m, slo) for m in done) / len(done)
+    return shares
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """One simulated configuration of the search."""
+
+    tp: int
+    max_num_seqs: int
+    budget: int
+    result: SimulationResult
+    shares: dict[str, float]
+    goodput: float  # the fleet's: replicas x one replica's
+
+
+def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSpec],
+              slo: dict[str, float], gpus: int, *, attainment_target: float = 0.9,
+              sim_requests: int = 300) -> Recommendation:
+    """The recipe's deployment of model on gpus GPUs of hw for workload under slo (seconds,
+    as metrics.meets_slo: {"ttft": 1.0, "tpot": 0.05}); simulations use at most sim_requests
+    requests of one replica's share. ValueError naming the binding constraint when no
+    configuration can: the weights (step 1) or the SLO metric furthest from met (step 4)."""
+    config, device = as_config(model), get_hardware(hw)
+    _check_inputs(workload, slo, gpus, attainment_target, sim_requests)
+    totals = [s.prompt_len + s.output_len for s in workload]
+    longest, typical = max(totals), math.ceil(percentile(totals, 90))
+    reasoning: list[str] = []
+    tp = choose_tensor_parallel(config, device, gpus, longest, reasoning)
+    seqs = choose_max_num_seqs(config, device, tp, typical, reasoning)
+    budget = choose_batched_tokens(config, device, tp, seqs, typical, workload, slo, reasoning)
+    best, tried = _search(config, device, workload, slo, gpus, (tp, seqs, budget),
+                          attainment_target, sim_requests)
+    if best.shares["all"] < attainment_target:
+        raise ValueError(_refusal(tried, slo, attainment_target))
+    replicas, start = gpus // best.tp, tried[0]
+    summary = best.result.summary(slo)
+    reasoning.append(
+        f"Search: {len(tried)} simulated configs ({len(best.result.outputs)} requests of one "
+        f"replica's share each); the recipe's start had goodput {start.goodput:.2f} req/s "
+        f"with {start.shares['all']:.0%} meeting the SLO; best: TP {best.tp}, "
+        f"max_num_seqs {best.max_num_seqs}, "
+        f"max_num_batched_tokens {best.budget}: goodput {best.goodput:.2f} req/s over "
+        f"{replicas} replica(s), {best.shares['all']:.0%} of requests meet the SLO "
+        f"(TTFT p99 {summary.ttft.p99 * 1e3:.0f} ms, TPOT p99 {summary.tpot.p99 * 1e3:.1f} ms).")
+    dollars = None
+    if device.dollars_per_hour is not None and summary.output_throughput > 0:
+        fleet_tokens = summary.output_throughput * replicas
+        dollars = cost_per_million_tokens(device.dollars_per_hour * best.tp * replicas,
+                                          fleet_tokens)
+        reasoning.append(f"Cost: {best.tp * replicas} GPUs at ${device.dollars_per_hour:.2f}/h "
+                         f"for {fleet_tokens:.0f} output tokens/s: ${dollars:.3f} per 1M tokens.")
+    return Recommendation(model if isinstance(model, str) else "custom model", device.name,
+                          best.tp, replicas, best.max_num_seqs, best.budget, summary,
+                          best.goodput, best.shares["all"], dollars, reasoning)
+
+
+def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: int,
+                  attainment_target: float, sim_requests: int) -> None:
+    if not workload or not all(isinstance(s, RequestSpec) for s in workload):
+        raise ValueError("workload must be a non-empty sequence of RequestSpec "
+                         "(minillm.workload.poisson(...) makes one)")
+    if not isinstance(slo, dict) or not slo:
+        raise ValueError(f"slo must be a non-empty dict of bounds in seconds, e.g. "
+                         f"{{'ttft': 1.0, 'tpot': 0.05}}, got {slo!r}")
+    for name, bound in slo.items():
+        if name not in ("ttft", "tpot", "itl", "e2e", "e2el"):
+            raise ValueError(f"unknown SLO metric {name!r}; use ttft, tpot, itl or e2e")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+            raise ValueError(f"slo[{name!r}] must be a positive number of seconds, got {bound!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive int, got {gpus!r}")
+    if not 0 < attainment_target <= 1:
+        raise ValueError(f"attainment_target must be in (0, 1], got {attainment_target!r}")
+    if not isinstance(sim_requests, int) or sim_requests < 1:
+        raise ValueError(f"sim_requests must be a positive int, got {sim_requests!r}")
+
+
+def _tp_options(config: Any, device: Hardware, gpus: int) -> list[int]:
+    """Powers of two up to the GPUs given and one node's, that split the model's heads."""
+    options, tp = [], 1
+    while tp <= min(gpus, device.gpus_per_node):
+        try:
+            parallel.ParallelConfig(tp).check(config)
+            options.append(tp)
+        except ValueError:
+            pass
+        tp *= 2
+    return options
+
+
+def choose_tensor_parallel(config: Any, device: Hardware, gpus: int, longest: int,
+                           reasoning: list[str]) -> int:
+    """Step 1: the smallest TP at which the weights and MIN_FULL_SEQUENCES sequences of the
+    longest request's length fit each GPU; ValueError naming what does not fit if none does."""
+    options = _tp_options(config, device, gpus)
+    if not options:
+        raise ValueError(f"no tensor_parallel_size up to {gpus} GPUs splits this model's heads")
+    usable = device.memory * GPU_MEMORY_UTILIZATION
+    for tp in options:
+        layout = parallel.ParallelConfig(tp)
+        full = parallel.max_concurrency(config, device, layout, longest, GPU_MEMORY_UTILIZATION)
+        weights = parallel.weight_bytes_per_gpu(config, layout)
+        if full >= MIN_FULL_SEQUENCES:
+            reasoning.append(
+                f"TP {tp}: the weights take {weights / 1e9:.1f} GB per GPU of the "
+                f"{usable / 1e9:.1f} GB usable ({GPU_MEMORY_UTILIZATION:.0%} of "
+                f"{device.memory / 1e9:.0f} GB on {device.name}), leaving room for {full} "
+                f"sequences of the longest request ({longest} tokens); "
+                + ("no need to split the model." if tp == 1 else
+                   f"TP {tp // 2} would hold fewer than {MIN_FULL_SEQUENCES}."))
+            return tp
+    tp = options[-1]
+    weights = parallel.weight_bytes_per_gpu(config, parallel.ParallelConfig(tp))
+    if weights > usable:
+        raise ValueError(
+            f"the weights alone need {weights / 1e9:.1f} GB per GPU at TP {tp} (the most "
+            f"{gpus} GPU(s) of {device.name} allow inside a node), more than its "
+            f"{usable / 1e9:.1f} GB usable; give more GPUs, a bigger GPU or quantized weights")
+    raise ValueError(
+        f"the KV cache: at TP {tp} the weights ({weights / 1e9:.1f} GB per GPU) leave room for "
+        f"fewer than {MIN_FULL_SEQUENCES} sequences of the longest request ({longest} tokens) "
+        f"in {usable / 1e9:.1f} GB; give more GPUs or shorten the requests")
+
+
+def choose_max_num_seqs(config: Any, device: Hardware, tp: int, typical: int,
+                        reasoning: list[str]) -> int:
+    """Step 2: the KV formula, (usable memory - weights) / KV bytes per typical sequence,
+    capped at MAX_NUM_SEQS_CAP."""
+    layout = parallel.ParallelConfig(tp)
+    free = device.memory * GPU_MEMORY_UTILIZATION - parallel.weight_bytes_per_gpu(config, layout)
+    per_seq = parallel.kv_bytes_per_token_per_gpu(config, layout) * typical
+    fit = parallel.max_concurrency(config, device, layout, typical, GPU_MEMORY_UTILIZATION)
+    seqs = max(min(fit, MAX_NUM_SEQS_CAP), 1)
+    reasoning.append(
+        f"max_num_seqs {seqs}: the KV formula gives {free / 1e9:.1f} GB free per GPU / "
+        f"{per_seq / 1e6:.1f} MB per sequence of typical length ({typical} tokens: p90 of "
+        f"prompt + output) = {fit} sequences" + (f", capped at {MAX_NUM_SEQS_CAP}."
+                                                  if fit > MAX_NUM_SEQS_CAP else "."))
+    return seqs
+
+
+def choose_batched_tokens(config: Any, device: Hardware, tp: int, seqs: int, typical: int,
+                          workload: Sequence[RequestSpec], slo: dict[str, float],
+                          reasoning: list[str]) -> int:
+    """Step 3: the largest power-of-two budget (MIN_BATCHED_TOKENS..MAX_BATCHED_TOKENS) whose
+    mixed step, one chunk of the budget beside seqs - 1 decodes at the typical context, stays
+    under the TPOT SLO (without one: the p90 prompt in one chunk)."""
+    layout = parallel.ParallelConfig(tp)
+    prompt_p90 = math.ceil(percentile([s.prompt_len for s in workload], 90))
+
+    def mixed_step(budget: int) -> float:
+        decodes = [(1, typical)] * (seqs - 1)
+        return parallel.parallel_step_time(config, device, [(budget, budget)] + decodes,
+                                           layout).time
+
+    tpot = slo.get("tpot")
+    budget = MIN_BATCHED_TOKENS
+    if tpot is None:
+        while budget < min(prompt_p90, MAX_BATCHED_TOKENS):
+            budget *= 2
+        why = f"no TPOT SLO, so the p90 prompt ({prompt_p90} tokens) goes in one chunk"
+    else:
+        while budget < MAX_BATCHED_TOKENS and mixed_step(budget * 2) <= tpot:
+            budget *= 2
+        why = (f"a step of one {budget}-token chunk beside {seqs - 1} decodes takes "
+               f"{mixed_step(budget) * 1e3:.1f} ms, "
+               + ("under" if mixed_step(budget) <= tpot else "over (the floor)")
+               + f" the TPOT SLO of {tpot * 1e3:.1f} ms")
+    chunks = math.ceil(prompt_p90 / budget)
+    reasoning.append(
+        f"max_num_batched_tokens {budget} (chunked prefill): {why}; the p90 prompt "
+        f"({prompt_p90} tokens) then needs {chunks} chunk(s), about "
+        f"{chunks * mixed_step(budget) * 1e3:.0f} ms of TTFT before any queueing.")
+    return budget
+
+
+def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
+            slo: dict[str, float], gpus: int, start: tuple[int, int, int],
+            target: float, sim_requests: int) -> tuple[_Trial, list[_Trial]]:
+    """Step 4: from start (tp, max_num_seqs, budget), try max_num_seqs halved and doubled,
+    then the budget halved and doubled around the better, then each wider TP; one knob at a
+    time, so 5 simulations plus one per wider TP. The best meets the SLO with the most
+    goodput."""
+    tried: dict[tuple[int, int, int], _Trial] = {}
+
+    def run(tp: int, seqs: int, budget: int) -> _Trial:
+        if (tp, seqs, budget) not in tried:
+            replicas = gpus // tp
+            share = replica_share(workload, replicas)[:sim_requests]
+            result = simulate(config, device, share, tensor_parallel_size=tp,
+                              max_num_seqs=seqs, max_num_batched_tokens=budget,
+                              enable_chunked_prefill=True, record_block_tables=False,
+                              gpu_memory_utilization=GPU_MEMORY_UTILIZATION)
+            goodput = result.summary(slo).goodput or 0.0
+            tried[tp, seqs, budget] = _Trial(tp, seqs, budget, result, attainment(result, slo),
+                                             goodput * replicas)
+        return tried[tp, seqs, budget]
+
+    def rank(t: _Trial) -> tuple[bool, float, float]:
+        return t.shares["all"] >= target, t.goodput, t.shares["all"]
+
+    def keep_better(best: _Trial, candidate: _Trial) -> _Trial:
+        # Within GOODPUT_TOLERANCE it is a tie (a few hundred requests are a noisy sample),
+        # and a tie keeps what came first: the recipe's own choice.
+        met, goodput, share = rank(candidate)
+        if (met, goodput * (1 - GOODPUT_TOLERANCE), share) > rank(best):
+            return candidate
+        return best
+
+    tp, seqs, budget = start
+    best = run(tp, seqs, budget)
+    for other in (max(seqs // 2, 1), min(seqs * 2, 2 * MAX_NUM_SEQS_CAP)):
+        best = keep_better(best, run(tp, other, budget))
+    for other in (max(budget // 2, MIN_BATCHED_TOKENS), min(budget * 2, MAX_BATCHED_TOKENS)):
+        best = keep_better(best, run(tp, best.max_num_seqs, other))
+    typical = math.ceil(percentile([s.prompt_len + s.output_len for s in workload], 90))
+    for wider in (t for t in _tp_options(config, device, gpus) if t > tp):
+        # A wider TP with its own recipe: fewer replicas, each with more KV room and faster steps
+        seqs_wide = choose_max_num_seqs(config, device, wider, typical, [])
+        budget_wide = choose_batched_tokens(config, device, wider, seqs_wide, typical,
+                                            workload, slo, [])
+        best = keep_better(best, run(wider, seqs_wide, budget_wide))
+    return best, list(tried.values())
+
+
+def _per_request(result: SimulationResult, name: str) -> list[float]:
+    """Each finished request's value of one SLO metric, as meets_slo reads it."""
+    values = []
+    for o in result.outputs:
+        m = o.metrics
+        value = (max(m.itl, default=0.0) if name == "itl"
+                 else m.e2e if name == "e2el" else getattr(m, name))
+        if value is not None:
+            values.append(value)
+    return values
+
+
+def _refusal(tried: list[_Trial], slo: dict[str, float], target: float) -> str:
+    """Why no configuration meets the SLO: the metric met by the fewest requests in the
+    closest configuration, with the value that target of the requests reached."""
+    closest = max(tried, key=lambda t: (t.shares["all"], t.goodput))
+    binding = min(slo, key=lambda name: closest.shares[name])
+    reached = percentile(_per_request(closest.result, binding), 100 * target)
+    return (f"no configuration meets the SLO: {binding.upper()} is the binding constraint. "
+            f"The closest of {len(tried)} simulated configs (TP {closest.tp}, max_num_seqs "
+            f"{closest.max_num_seqs}, max_num_batched_tokens {closest.budget}) has p"
+            f"{100 * target:g} {binding.upper()} {reached * 1e3:.2f} ms against the bound of "
+            f"{slo[binding] * 1e3:.2f} ms ({closest.shares[binding]:.0%} of requests meet it, "
+            f"{target:.0%} must); loosen {binding!r}, lower the request rate, or use faster GPUs")
