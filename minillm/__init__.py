@@ -41,6 +41,7 @@ Module map (one concept each):
     serving_result.py  a serving run's report: per-request records, vLLM's figures and JSON
     serve/           minillm serve (OpenAI-compatible HTTP server) and the benchmark client
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
+    simulated_pool.py  the simulated GPU's KV pool: blocks left after the weights, per layout
     fleet.py         N simulated replicas behind a router on one virtual clock: simulate_fleet()
     disaggregation.py  prefill and decode pools, the K/V shipped over a link between them:
                      simulate_disaggregated(), compare_disaggregation() with colocated serving

@@ -52,7 +52,8 @@ from minillm.kv_handover import DecodeReplica
 from minillm.metrics import RequestMetrics, Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
-from minillm.simulator import Simulator, StepTimer, resolve_config
+from minillm.simulated_pool import resolve_config
+from minillm.simulator import Simulator, StepTimer
 from minillm.workload import RequestSpec, Workload
 
 __all__ = ["Comparison", "DisaggregatedResult", "KVTransfer", "compare_disaggregation",

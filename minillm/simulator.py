@@ -15,21 +15,21 @@ decode's proposals (minillm.spec.simulate), and the step pays for verifying them
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minillm import models, parallel, roofline, sizing
+from minillm import models, parallel, roofline
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
-from minillm.kv_cache import BlockManager, kv_cache_block_bytes
+from minillm.kv_cache import BlockManager
 from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.simulated_pool import block_bytes, resolve_config
 from minillm.spec.cost import with_verified_rows
 from minillm.spec.simulate import SimulatedSpeculation, is_speculative, split_speculation
 from minillm.swap import SwapSpace, num_swap_blocks
@@ -142,52 +142,6 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
                             draft_model=draft, layout=layout)
 
 
-def resolve_config(model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
-                   gpu_memory_utilization: float, engine_kwargs: dict[str, Any],
-                   kv_dtype_bytes: float | None = None, draft: ModelConfig | None = None,
-                   layout: parallel.ParallelConfig | None = None) -> EngineConfig:
-    """EngineConfig with max_model_len (default: the model's context) and num_kv_blocks set
-    (on several GPUs, by parallel.num_kv_blocks: what every GPU of the layout holds)."""
-    config = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
-    max_len = config.max_model_len or model.max_position_embeddings
-    sharded = layout is not None and layout.world_size > 1
-    blocks = config.num_kv_blocks or (
-        parallel.num_kv_blocks(model, hw, layout, config.block_size, dtype_bytes,
-                               gpu_memory_utilization, kv_dtype_bytes) if sharded else
-        num_kv_blocks_for_memory(model, hw, config.block_size, dtype_bytes,
-                                 gpu_memory_utilization, kv_dtype_bytes, draft))
-    return dataclasses.replace(config, max_model_len=max_len, num_kv_blocks=blocks)
-
-
-def num_kv_blocks_for_memory(model: ModelConfig, hw: roofline.Hardware, block_size: int,
-                             dtype_bytes: int, gpu_memory_utilization: float,
-                             kv_dtype_bytes: float | None = None,
-                             draft: ModelConfig | None = None) -> int:
-    """KV blocks in gpu_memory_utilization * hw.memory bytes less the weights (vLLM's rule);
-    weights at dtype_bytes, blocks at kv_dtype_bytes per number (None: dtype_bytes). A draft
-    model for speculative decoding takes its weights and its own K/V in every block too."""
-    weights = sum(sizing.weight_bytes(m, dtype_bytes) for m in (model, draft) if m is not None)
-    budget = hw.memory * gpu_memory_utilization - weights
-    block = _block_bytes(model, block_size, dtype_bytes, kv_dtype_bytes, draft)
-    if budget < block:
-        raise ValueError(
-            f"the weights ({weights / 1e9:.1f} GB at {dtype_bytes} bytes) leave no room for KV "
-            f"blocks in gpu_memory_utilization={gpu_memory_utilization} of {hw.name}'s "
-            f"{hw.memory / 1e9:.1f} GB; pick a bigger GPU, a smaller dtype or a smaller model")
-    return int(budget // block)
-
-
-def _block_bytes(model: ModelConfig, block_size: int, dtype_bytes: float,
-                 kv_dtype_bytes: float | None, draft: ModelConfig | None = None) -> float:
-    """Bytes of one KV block: K and V of block_size tokens, every layer, at the KV's dtype (a
-    draft model's too: its cache follows the same block table)."""
-    kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
-    if not 0 < kv_bytes < float("inf"):
-        raise ValueError(f"kv_dtype_bytes must be a positive number or None, got {kv_bytes!r}")
-    return sum(kv_cache_block_bytes(m.num_hidden_layers, block_size, m.num_key_value_heads,
-                                    m.head_dim, kv_bytes) for m in (model, draft) if m is not None)
-
-
 class Simulator:
     """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
 
@@ -216,7 +170,7 @@ class Simulator:
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
         # Bytes of a block on one GPU: each swaps its own shard over its own host link.
-        self.block_bytes = (_block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
+        self.block_bytes = (block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
                                          speculation.draft if speculation else None)
                             if layout is None or layout.world_size == 1 else
                             parallel.kv_block_bytes_per_gpu(
