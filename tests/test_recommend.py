@@ -1,0 +1,115 @@
+"""recommend(): the starting-config recipe picks TP 1 when one GPU holds the model, TP >= 2
+when it does not, max_num_seqs from the KV formula, a config whose own simulation meets the
+SLO, and refuses naming the binding constraint (the weights, or the SLO metric) when none can."""
+
+import math
+
+import pytest
+
+from minillm import parallel, simulate, workload
+from minillm.metrics import percentile
+from minillm.recommend import (
+    MAX_NUM_SEQS_CAP,
+    MIN_BATCHED_TOKENS,
+    attainment,
+    choose_batched_tokens,
+    recommend,
+    replica_share,
+)
+
+pytestmark = pytest.mark.ch11
+
+LOOSE = {"ttft": 2.0, "tpot": 0.1}
+SIM_REQUESTS = 150  # a noisy but cheap sample: each recommend() call is a few seconds
+
+
+@pytest.fixture(scope="module")
+def chat():
+    """Chat-like traffic: prompts of 100-1,500 tokens, answers of 50-400, 6 req/s."""
+    return workload.poisson(300, 6.0, (100, 1500), (50, 400), seed=1)
+
+
+@pytest.fixture(scope="module")
+def small_8b(chat):
+    return recommend("llama-3-8b", "H100-SXM", chat, LOOSE, gpus=1, sim_requests=SIM_REQUESTS)
+
+
+def test_an_8b_on_one_h100_needs_no_tensor_parallelism(small_8b):
+    assert small_8b.tensor_parallel_size == 1 and small_8b.replicas == 1
+    assert small_8b.attainment >= 0.9 and small_8b.goodput > 0
+    assert small_8b.max_num_batched_tokens >= MIN_BATCHED_TOKENS
+
+
+def test_reasoning_quotes_the_kv_formula(small_8b, chat):
+    """Step 2's line carries the KV wall at the typical length, as parallel computes it."""
+    typical = math.ceil(percentile([s.prompt_len + s.output_len for s in chat], 90))
+    wall = parallel.max_concurrency("llama-3-8b", "H100-SXM", parallel.ParallelConfig(1),
+                                    typical, 0.9)
+    kv_line = small_8b.reasoning[1]
+    assert "KV formula" in kv_line and f"= {wall} sequences" in kv_line
+    assert f"{typical} tokens" in kv_line
+    assert wall > MAX_NUM_SEQS_CAP and "capped" in kv_line
+    assert small_8b.explain().startswith("1. TP 1")
+
+
+def test_the_recommended_config_simulated_again_meets_the_slo(small_8b, chat):
+    share = replica_share(chat, small_8b.replicas)[:SIM_REQUESTS]
+    result = simulate("llama-3-8b", "H100-SXM", share, record_block_tables=False,
+                      **small_8b.engine_kwargs())
+    assert attainment(result, LOOSE)["all"] >= 0.9
+    assert result.summary(LOOSE).goodput == pytest.approx(small_8b.summary.goodput)
+
+
+def test_a_70b_on_eight_h100s_is_split(chat):
+    """141 GB of bf16 weights cannot sit on one 80 GB GPU."""
+    rec = recommend("llama-3-70b", "H100-SXM", chat, LOOSE, gpus=8, sim_requests=SIM_REQUESTS)
+    assert rec.tensor_parallel_size >= 2
+    assert rec.replicas == 8 // rec.tensor_parallel_size
+    assert rec.attainment >= 0.9
+    assert "TP 1 would hold fewer than" in rec.reasoning[0]
+
+
+def test_a_405b_on_one_gpu_is_refused_naming_the_weights(chat):
+    with pytest.raises(ValueError, match=r"weights alone need 811\.\d GB per GPU at TP 1"):
+        recommend("llama-3.1-405b", "H100-SXM", chat, LOOSE, gpus=1)
+
+
+def test_an_impossible_tpot_is_refused_naming_tpot(chat):
+    with pytest.raises(ValueError, match="TPOT is the binding constraint"):
+        recommend("llama-3-8b", "H100-SXM", chat, {"ttft": 2.0, "tpot": 1e-4}, gpus=1,
+                  sim_requests=100)
+
+
+def test_the_chunk_keeps_a_mixed_step_under_the_tpot_slo():
+    """Step 3: the budget's mixed step is under TPOT, and doubling it would not be."""
+    specs = workload.poisson(50, 1.0, 1000, 200, seed=0)
+    tpot, seqs, typical = 0.03, 64, 1200
+    budget = choose_batched_tokens("llama-3-8b", "H100-SXM", 1, seqs, typical, specs,
+                                   {"tpot": tpot}, [])
+
+    def mixed(b):
+        return parallel.parallel_step_time("llama-3-8b", "H100-SXM",
+                                           [(b, b)] + [(1, typical)] * (seqs - 1),
+                                           parallel.ParallelConfig(1)).time
+    assert MIN_BATCHED_TOKENS <= budget and mixed(budget) <= tpot < mixed(2 * budget)
+
+
+def test_replica_share_takes_every_nth_request_at_a_fraction_of_the_rate():
+    specs = workload.poisson(10, 4.0, 10, 5, seed=0)
+    share = replica_share(specs, 3)
+    assert list(share) == list(specs)[::3] and share.rate == pytest.approx(4.0 / 3)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"gpus": 0}, "gpus must be a positive int"),
+    ({"slo": {}}, "slo must be a non-empty dict"),
+    ({"slo": {"latency": 1.0}}, "unknown SLO metric 'latency'"),
+    ({"slo": {"tpot": -1}}, r"slo\['tpot'\] must be a positive number"),
+    ({"workload": []}, "workload must be a non-empty sequence of RequestSpec"),
+    ({"attainment_target": 1.5}, "attainment_target must be in"),
+])
+def test_bad_inputs_are_named(kwargs, message):
+    args = {"model": "llama-3-8b", "hw": "H100-SXM",
+            "workload": workload.poisson(5, 1.0, 10, 5), "slo": LOOSE, "gpus": 1} | kwargs
+    with pytest.raises(ValueError, match=message):
+        recommend(**args)
