@@ -3,7 +3,8 @@
 Given a model, a GPU type, a workload, latency SLOs and a number of GPUs, the recipe:
 
 1. tensor parallelism only as far as needed: the smallest power of two (inside one node) at
-   which the weights and the K/V of a few full-length sequences fit each GPU;
+   which the weights and the K/V of a few full-length sequences fit each GPU; if even a
+   node's widest TP does not, pipeline stages across nodes (the guide: TP inside, PP across);
 2. max_num_seqs from the KV formula: the sequences of typical length (p90 prompt + output)
    that the per-GPU pool holds, capped;
 3. max_num_batched_tokens, the chunk size of chunked prefill: the largest budget whose mixed
@@ -46,7 +47,8 @@ GOODPUT_TOLERANCE = 0.02  # a search step must beat the current best by this sha
 
 @dataclass(frozen=True)
 class Recommendation:
-    """A deployment: tensor_parallel_size GPUs per engine, replicas engines, their scheduler
+    """A deployment: tensor_parallel_size x pipeline_parallel_size GPUs per engine, replicas
+    engines (data parallelism), their scheduler
     settings; summary: one replica's modelled run (seconds, requests/s); goodput: the fleet's
     requests/s that meet the SLO; attainment: the share of requests that met it;
     dollars_per_million_tokens: output tokens, None when the hardware has no price;
@@ -55,6 +57,7 @@ class Recommendation:
     model: str
     hardware: str
     tensor_parallel_size: int
+    pipeline_parallel_size: int
     replicas: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -67,11 +70,12 @@ class Recommendation:
 
     @property
     def gpus_used(self) -> int:
-        return self.tensor_parallel_size * self.replicas
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.replicas
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The settings as simulate()'s (and vLLM's) keyword arguments, for one replica."""
         return {"tensor_parallel_size": self.tensor_parallel_size,
+                "pipeline_parallel_size": self.pipeline_parallel_size,
                 "max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "enable_chunked_prefill": self.enable_chunked_prefill}
@@ -107,7 +111,7 @@ def attainment(result: SimulationResult, slo: dict[str, float]) -> dict[str, flo
 class _Trial:
     """One simulated configuration of the search."""
 
-    tp: int
+    layout: parallel.ParallelConfig
     max_num_seqs: int
     budget: int
     result: SimulationResult
@@ -127,19 +131,20 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
     totals = [s.prompt_len + s.output_len for s in workload]
     longest, typical = max(totals), math.ceil(percentile(totals, 90))
     reasoning: list[str] = []
-    tp = choose_tensor_parallel(config, device, gpus, longest, reasoning)
-    seqs = choose_max_num_seqs(config, device, tp, typical, reasoning)
-    budget = choose_batched_tokens(config, device, tp, seqs, typical, workload, slo, reasoning)
-    best, tried = _search(config, device, workload, slo, gpus, (tp, seqs, budget),
+    layout = choose_layout(config, device, gpus, longest, reasoning)
+    seqs = choose_max_num_seqs(config, device, layout, typical, reasoning)
+    budget = choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
+                                   reasoning)
+    best, tried = _search(config, device, workload, slo, gpus, (layout, seqs, budget),
                           attainment_target, sim_requests)
     if best.shares["all"] < attainment_target:
         raise ValueError(_refusal(tried, slo, attainment_target))
-    replicas, start = gpus // best.tp, tried[0]
+    replicas, start = gpus // best.layout.world_size, tried[0]
     summary = best.result.summary(slo)
     reasoning.append(
         f"Search: {len(tried)} simulated configs ({len(best.result.outputs)} requests of one "
         f"replica's share each); the recipe's start had goodput {start.goodput:.2f} req/s "
-        f"with {start.shares['all']:.0%} meeting the SLO; best: TP {best.tp}, "
+        f"with {start.shares['all']:.0%} meeting the SLO; best: {_name(best.layout)}, "
         f"max_num_seqs {best.max_num_seqs}, "
         f"max_num_batched_tokens {best.budget}: goodput {best.goodput:.2f} req/s over "
         f"{replicas} replica(s), {best.shares['all']:.0%} of requests meet the SLO "
@@ -147,13 +152,16 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
     dollars = None
     if device.dollars_per_hour is not None and summary.output_throughput > 0:
         fleet_tokens = summary.output_throughput * replicas
-        dollars = cost_per_million_tokens(device.dollars_per_hour * best.tp * replicas,
+        used = best.layout.world_size * replicas
+        dollars = cost_per_million_tokens(device.dollars_per_hour * used,
                                           fleet_tokens)
-        reasoning.append(f"Cost: {best.tp * replicas} GPUs at ${device.dollars_per_hour:.2f}/h "
+        reasoning.append(f"Cost: {used} GPUs at ${device.dollars_per_hour:.2f}/h "
                          f"for {fleet_tokens:.0f} output tokens/s: ${dollars:.3f} per 1M tokens.")
     return Recommendation(model if isinstance(model, str) else "custom model", device.name,
-                          best.tp, replicas, best.max_num_seqs, best.budget, summary,
-                          best.goodput, best.shares["all"], dollars, reasoning)
+                          best.layout.tensor_parallel_size,
+                          best.layout.pipeline_parallel_size, replicas, best.max_num_seqs,
+                          best.budget, summary, best.goodput, best.shares["all"], dollars,
+                          reasoning)
 
 
 def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: int,
@@ -190,45 +198,67 @@ def _tp_options(config: Any, device: Hardware, gpus: int) -> list[int]:
     return options
 
 
-def choose_tensor_parallel(config: Any, device: Hardware, gpus: int, longest: int,
-                           reasoning: list[str]) -> int:
-    """Step 1: the smallest TP at which the weights and MIN_FULL_SEQUENCES sequences of the
-    longest request's length fit each GPU; ValueError naming what does not fit if none does."""
-    options = _tp_options(config, device, gpus)
-    if not options:
+def _name(layout: parallel.ParallelConfig) -> str:
+    tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
+    return f"TP {tp}" if pp == 1 else f"TP {tp} x PP {pp}"
+
+
+def _layouts(config: Any, device: Hardware, gpus: int) -> list[parallel.ParallelConfig]:
+    """The layouts step 1 tries, in order: TP alone inside a node, smallest first; then, when
+    the GPUs span nodes, the widest such TP with 2, 3, ... pipeline stages across nodes."""
+    tps = _tp_options(config, device, gpus)
+    layouts = [parallel.ParallelConfig(tp) for tp in tps]
+    if tps:
+        widest = tps[-1]
+        layers = config.num_hidden_layers
+        layouts += [parallel.ParallelConfig(widest, pp)
+                    for pp in range(2, min(gpus // widest, layers) + 1)]
+    return layouts
+
+
+def choose_layout(config: Any, device: Hardware, gpus: int, longest: int,
+                  reasoning: list[str]) -> parallel.ParallelConfig:
+    """Step 1: the first layout of _layouts at which the weights and MIN_FULL_SEQUENCES
+    sequences of the longest request's length fit each GPU; ValueError naming what does not
+    fit if none does."""
+    layouts = _layouts(config, device, gpus)
+    if not layouts:
         raise ValueError(f"no tensor_parallel_size up to {gpus} GPUs splits this model's heads")
     usable = device.memory * GPU_MEMORY_UTILIZATION
-    for tp in options:
-        layout = parallel.ParallelConfig(tp)
+    previous = None
+    for layout in layouts:
         full = parallel.max_concurrency(config, device, layout, longest, GPU_MEMORY_UTILIZATION)
         weights = parallel.weight_bytes_per_gpu(config, layout)
         if full >= MIN_FULL_SEQUENCES:
             reasoning.append(
-                f"TP {tp}: the weights take {weights / 1e9:.1f} GB per GPU of the "
+                f"{_name(layout)}: the weights take {weights / 1e9:.1f} GB per GPU of the "
                 f"{usable / 1e9:.1f} GB usable ({GPU_MEMORY_UTILIZATION:.0%} of "
                 f"{device.memory / 1e9:.0f} GB on {device.name}), leaving room for {full} "
                 f"sequences of the longest request ({longest} tokens); "
-                + ("no need to split the model." if tp == 1 else
-                   f"TP {tp // 2} would hold fewer than {MIN_FULL_SEQUENCES}."))
-            return tp
-    tp = options[-1]
-    weights = parallel.weight_bytes_per_gpu(config, parallel.ParallelConfig(tp))
+                + ("no need to split the model." if previous is None else
+                   f"{_name(previous)} would hold fewer than {MIN_FULL_SEQUENCES}"
+                   + (" (pipeline stages cross nodes: TP stays inside one)."
+                      if layout.pipeline_parallel_size > 1 else ".")))
+            return layout
+        previous = layout
+    last = layouts[-1]
+    weights = parallel.weight_bytes_per_gpu(config, last)
     if weights > usable:
         raise ValueError(
-            f"the weights alone need {weights / 1e9:.1f} GB per GPU at TP {tp} (the most "
-            f"{gpus} GPU(s) of {device.name} allow inside a node), more than its "
-            f"{usable / 1e9:.1f} GB usable; give more GPUs, a bigger GPU or quantized weights")
+            f"the weights alone need {weights / 1e9:.1f} GB per GPU at {_name(last)} (the "
+            f"widest layout {gpus} GPU(s) of {device.name} allow, TP inside a node of "
+            f"{device.gpus_per_node}), more than its {usable / 1e9:.1f} GB usable; give more "
+            f"GPUs, a bigger GPU or quantized weights")
     raise ValueError(
-        f"the KV cache: at TP {tp} the weights ({weights / 1e9:.1f} GB per GPU) leave room for "
-        f"fewer than {MIN_FULL_SEQUENCES} sequences of the longest request ({longest} tokens) "
-        f"in {usable / 1e9:.1f} GB; give more GPUs or shorten the requests")
+        f"the KV cache: at {_name(last)} the weights ({weights / 1e9:.1f} GB per GPU) leave "
+        f"room for fewer than {MIN_FULL_SEQUENCES} sequences of the longest request "
+        f"({longest} tokens) in {usable / 1e9:.1f} GB; give more GPUs or shorten the requests")
 
 
-def choose_max_num_seqs(config: Any, device: Hardware, tp: int, typical: int,
-                        reasoning: list[str]) -> int:
+def choose_max_num_seqs(config: Any, device: Hardware, layout: parallel.ParallelConfig,
+                        typical: int, reasoning: list[str]) -> int:
     """Step 2: the KV formula, (usable memory - weights) / KV bytes per typical sequence,
     capped at MAX_NUM_SEQS_CAP."""
-    layout = parallel.ParallelConfig(tp)
     free = device.memory * GPU_MEMORY_UTILIZATION - parallel.weight_bytes_per_gpu(config, layout)
     per_seq = parallel.kv_bytes_per_token_per_gpu(config, layout) * typical
     fit = parallel.max_concurrency(config, device, layout, typical, GPU_MEMORY_UTILIZATION)
@@ -241,13 +271,12 @@ def choose_max_num_seqs(config: Any, device: Hardware, tp: int, typical: int,
     return seqs
 
 
-def choose_batched_tokens(config: Any, device: Hardware, tp: int, seqs: int, typical: int,
-                          workload: Sequence[RequestSpec], slo: dict[str, float],
-                          reasoning: list[str]) -> int:
+def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.ParallelConfig,
+                          seqs: int, typical: int, workload: Sequence[RequestSpec],
+                          slo: dict[str, float], reasoning: list[str]) -> int:
     """Step 3: the largest power-of-two budget (MIN_BATCHED_TOKENS..MAX_BATCHED_TOKENS) whose
     mixed step, one chunk of the budget beside seqs - 1 decodes at the typical context, stays
     under the TPOT SLO (without one: the p90 prompt in one chunk)."""
-    layout = parallel.ParallelConfig(tp)
     prompt_p90 = math.ceil(percentile([s.prompt_len for s in workload], 90))
 
     def mixed_step(budget: int) -> float:
@@ -266,8 +295,10 @@ def choose_batched_tokens(config: Any, device: Hardware, tp: int, seqs: int, typ
             budget *= 2
         why = (f"a step of one {budget}-token chunk beside {seqs - 1} decodes takes "
                f"{mixed_step(budget) * 1e3:.1f} ms, "
-               + ("under" if mixed_step(budget) <= tpot else "over (the floor)")
-               + f" the TPOT SLO of {tpot * 1e3:.1f} ms")
+               + ("under" if mixed_step(budget) <= tpot else "over")
+               + f" the TPOT SLO of {tpot * 1e3:.1f} ms"
+               + ("" if mixed_step(budget) <= tpot else
+                  f", but {MIN_BATCHED_TOKENS} is the floor"))
     chunks = math.ceil(prompt_p90 / budget)
     reasoning.append(
         f"max_num_batched_tokens {budget} (chunked prefill): {why}; the p90 prompt "
@@ -277,26 +308,28 @@ def choose_batched_tokens(config: Any, device: Hardware, tp: int, seqs: int, typ
 
 
 def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
-            slo: dict[str, float], gpus: int, start: tuple[int, int, int],
+            slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
             target: float, sim_requests: int) -> tuple[_Trial, list[_Trial]]:
-    """Step 4: from start (tp, max_num_seqs, budget), try max_num_seqs halved and doubled,
+    """Step 4: from start (layout, max_num_seqs, budget), try max_num_seqs halved and doubled,
     then the budget halved and doubled around the better, then each wider TP; one knob at a
     time, so 5 simulations plus one per wider TP. The best meets the SLO with the most
     goodput."""
-    tried: dict[tuple[int, int, int], _Trial] = {}
+    tried: dict[tuple[parallel.ParallelConfig, int, int], _Trial] = {}
 
-    def run(tp: int, seqs: int, budget: int) -> _Trial:
-        if (tp, seqs, budget) not in tried:
-            replicas = gpus // tp
+    def run(layout: parallel.ParallelConfig, seqs: int, budget: int) -> _Trial:
+        if (layout, seqs, budget) not in tried:
+            replicas = gpus // layout.world_size
             share = replica_share(workload, replicas)[:sim_requests]
-            result = simulate(config, device, share, tensor_parallel_size=tp,
+            result = simulate(config, device, share,
+                              tensor_parallel_size=layout.tensor_parallel_size,
+                              pipeline_parallel_size=layout.pipeline_parallel_size,
                               max_num_seqs=seqs, max_num_batched_tokens=budget,
                               enable_chunked_prefill=True, record_block_tables=False,
                               gpu_memory_utilization=GPU_MEMORY_UTILIZATION)
             goodput = result.summary(slo).goodput or 0.0
-            tried[tp, seqs, budget] = _Trial(tp, seqs, budget, result, attainment(result, slo),
-                                             goodput * replicas)
-        return tried[tp, seqs, budget]
+            tried[layout, seqs, budget] = _Trial(layout, seqs, budget, result,
+                                                 attainment(result, slo), goodput * replicas)
+        return tried[layout, seqs, budget]
 
     def rank(t: _Trial) -> tuple[bool, float, float]:
         return t.shares["all"] >= target, t.goodput, t.shares["all"]
@@ -309,15 +342,18 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
             return candidate
         return best
 
-    tp, seqs, budget = start
-    best = run(tp, seqs, budget)
+    layout, seqs, budget = start
+    best = run(layout, seqs, budget)
     for other in (max(seqs // 2, 1), min(seqs * 2, 2 * MAX_NUM_SEQS_CAP)):
-        best = keep_better(best, run(tp, other, budget))
+        best = keep_better(best, run(layout, other, budget))
     for other in (max(budget // 2, MIN_BATCHED_TOKENS), min(budget * 2, MAX_BATCHED_TOKENS)):
-        best = keep_better(best, run(tp, best.max_num_seqs, other))
+        best = keep_better(best, run(layout, best.max_num_seqs, other))
     typical = math.ceil(percentile([s.prompt_len + s.output_len for s in workload], 90))
-    for wider in (t for t in _tp_options(config, device, gpus) if t > tp):
+    wider_tps = [] if layout.pipeline_parallel_size > 1 else [
+        t for t in _tp_options(config, device, gpus) if t > layout.tensor_parallel_size]
+    for tp in wider_tps:
         # A wider TP with its own recipe: fewer replicas, each with more KV room and faster steps
+        wider = parallel.ParallelConfig(tp)
         seqs_wide = choose_max_num_seqs(config, device, wider, typical, [])
         budget_wide = choose_batched_tokens(config, device, wider, seqs_wide, typical,
                                             workload, slo, [])
@@ -344,8 +380,8 @@ def _refusal(tried: list[_Trial], slo: dict[str, float], target: float) -> str:
     binding = min(slo, key=lambda name: closest.shares[name])
     reached = percentile(_per_request(closest.result, binding), 100 * target)
     return (f"no configuration meets the SLO: {binding.upper()} is the binding constraint. "
-            f"The closest of {len(tried)} simulated configs (TP {closest.tp}, max_num_seqs "
-            f"{closest.max_num_seqs}, max_num_batched_tokens {closest.budget}) has p"
+            f"The closest of {len(tried)} simulated configs ({_name(closest.layout)}, "
+            f"max_num_seqs {closest.max_num_seqs}, max_num_batched_tokens {closest.budget}) has p"
             f"{100 * target:g} {binding.upper()} {reached * 1e3:.2f} ms against the bound of "
             f"{slo[binding] * 1e3:.2f} ms ({closest.shares[binding]:.0%} of requests meet it, "
             f"{target:.0%} must); loosen {binding!r}, lower the request rate, or use faster GPUs")

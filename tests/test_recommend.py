@@ -2,11 +2,13 @@
 when it does not, max_num_seqs from the KV formula, a config whose own simulation meets the
 SLO, and refuses naming the binding constraint (the weights, or the SLO metric) when none can."""
 
+import dataclasses
 import math
 
 import pytest
 
 from minillm import parallel, simulate, workload
+from minillm.hardware import HARDWARE
 from minillm.metrics import percentile
 from minillm.recommend import (
     MAX_NUM_SEQS_CAP,
@@ -16,6 +18,7 @@ from minillm.recommend import (
     recommend,
     replica_share,
 )
+from minillm.sizing import cost_per_million_tokens
 
 pytestmark = pytest.mark.ch11
 
@@ -69,6 +72,27 @@ def test_a_70b_on_eight_h100s_is_split(chat):
     assert "TP 1 would hold fewer than" in rec.reasoning[0]
 
 
+def test_a_405b_on_two_nodes_pipelines_across_them():
+    """811 GB of bf16 weights: TP 8 inside a node leaves 101 GB per GPU, over 80 GB; two
+    stages across two nodes halve it."""
+    specs = workload.poisson(60, 0.5, (200, 1000), (50, 200), seed=0)
+    rec = recommend("llama-3.1-405b", "H100-SXM", specs, {"ttft": 5.0, "tpot": 0.2}, gpus=16,
+                    sim_requests=60)
+    assert (rec.tensor_parallel_size, rec.pipeline_parallel_size) == (8, 2)
+    assert rec.gpus_used == 16 and "PP 2" in rec.reasoning[0]
+    assert rec.engine_kwargs()["pipeline_parallel_size"] == 2
+
+
+def test_a_priced_gpu_gets_dollars_per_million_tokens():
+    priced = dataclasses.replace(HARDWARE["H100-SXM"], dollars_per_hour=3.0)
+    specs = workload.poisson(80, 4.0, (100, 500), (50, 200), seed=0)
+    rec = recommend("llama-3-8b", priced, specs, LOOSE, gpus=2, sim_requests=40)
+    tokens = rec.summary.output_throughput * rec.replicas
+    assert rec.dollars_per_million_tokens == pytest.approx(
+        cost_per_million_tokens(3.0 * rec.gpus_used, tokens))
+    assert "per 1M tokens" in rec.reasoning[-1]
+
+
 def test_a_405b_on_one_gpu_is_refused_naming_the_weights(chat):
     with pytest.raises(ValueError, match=r"weights alone need 811\.\d GB per GPU at TP 1"):
         recommend("llama-3.1-405b", "H100-SXM", chat, LOOSE, gpus=1)
@@ -84,8 +108,8 @@ def test_the_chunk_keeps_a_mixed_step_under_the_tpot_slo():
     """Step 3: the budget's mixed step is under TPOT, and doubling it would not be."""
     specs = workload.poisson(50, 1.0, 1000, 200, seed=0)
     tpot, seqs, typical = 0.03, 64, 1200
-    budget = choose_batched_tokens("llama-3-8b", "H100-SXM", 1, seqs, typical, specs,
-                                   {"tpot": tpot}, [])
+    budget = choose_batched_tokens("llama-3-8b", "H100-SXM", parallel.ParallelConfig(1), seqs,
+                                   typical, specs, {"tpot": tpot}, [])
 
     def mixed(b):
         return parallel.parallel_step_time("llama-3-8b", "H100-SXM",
