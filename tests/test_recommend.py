@@ -104,6 +104,16 @@ def test_an_impossible_tpot_is_refused_naming_tpot(chat):
                   sim_requests=100)
 
 
+def test_an_overload_is_refused_naming_ttft():
+    """40 req/s of 3k-6k-token prompts is ~180k prompt tokens/s, ~2.9 PFLOP/s of prefill at
+    16 GFLOP a token: three times an H100's peak, so the queue and TTFT grow whatever the
+    knobs."""
+    rag = workload.poisson(150, 40.0, (3000, 6000), (20, 50), seed=0)
+    with pytest.raises(ValueError, match=r"TTFT is the binding constraint.*p90 TTFT \d+"):
+        recommend("llama-3-8b", "H100-SXM", rag, {"ttft": 0.3, "tpot": 0.1}, gpus=1,
+                  sim_requests=150)
+
+
 def test_the_chunk_keeps_a_mixed_step_under_the_tpot_slo():
     """Step 3: the budget's mixed step is under TPOT, and doubling it would not be."""
     specs = workload.poisson(50, 1.0, 1000, 200, seed=0)
