@@ -139,22 +139,28 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
                           attainment_target, sim_requests)
     if best.shares["all"] < attainment_target:
         raise ValueError(_refusal(tried, slo, attainment_target))
+    return _report(model, device, gpus, best, tried, slo, reasoning)
+
+
+def _report(model: ModelLike, device: Hardware, gpus: int, best: _Trial, tried: list[_Trial],
+            slo: dict[str, float], reasoning: list[str]) -> Recommendation:
+    """The Recommendation of the search's best, with its last lines of reasoning: the search
+    and, on a priced GPU, the cost (at the workload's rate, not at the fleet's capacity)."""
     replicas, start = gpus // best.layout.world_size, tried[0]
-    summary = best.result.summary(slo)
+    used, summary = best.layout.world_size * replicas, best.result.summary(slo)
+    idle = f" ({gpus - used} of the {gpus} GPUs left idle)" if used < gpus else ""
     reasoning.append(
         f"Search: {len(tried)} simulated configs ({len(best.result.outputs)} requests of one "
         f"replica's share each); the recipe's start had goodput {start.goodput:.2f} req/s "
         f"with {start.shares['all']:.0%} meeting the SLO; best: {_name(best.layout)}, "
-        f"max_num_seqs {best.max_num_seqs}, "
-        f"max_num_batched_tokens {best.budget}: goodput {best.goodput:.2f} req/s over "
-        f"{replicas} replica(s), {best.shares['all']:.0%} of requests meet the SLO "
-        f"(TTFT p99 {summary.ttft.p99 * 1e3:.0f} ms, TPOT p99 {summary.tpot.p99 * 1e3:.1f} ms).")
+        f"max_num_seqs {best.max_num_seqs}, max_num_batched_tokens {best.budget}: goodput "
+        f"{best.goodput:.2f} req/s over {replicas} replica(s){idle}, "
+        f"{best.shares['all']:.0%} of requests meet the SLO (TTFT p99 "
+        f"{summary.ttft.p99 * 1e3:.0f} ms, TPOT p99 {summary.tpot.p99 * 1e3:.1f} ms).")
     dollars = None
     if device.dollars_per_hour is not None and summary.output_throughput > 0:
         fleet_tokens = summary.output_throughput * replicas
-        used = best.layout.world_size * replicas
-        dollars = cost_per_million_tokens(device.dollars_per_hour * used,
-                                          fleet_tokens)
+        dollars = cost_per_million_tokens(device.dollars_per_hour * used, fleet_tokens)
         reasoning.append(f"Cost: {used} GPUs at ${device.dollars_per_hour:.2f}/h "
                          f"for {fleet_tokens:.0f} output tokens/s: ${dollars:.3f} per 1M tokens.")
     return Recommendation(model if isinstance(model, str) else "custom model", device.name,
