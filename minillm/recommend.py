@@ -11,14 +11,15 @@ Given a model, a GPU type, a workload, latency SLOs and a number of GPUs, the re
    step (one full chunk plus a full batch of decodes) stays under the TPOT SLO, so a long
    prompt never stalls the decodes sharing its steps;
 4. a small goodput search in the simulator around that start (max_num_seqs and the budget
-   halved and doubled, then TP doubled), keeping the best goodput that meets the SLO.
+   halved and doubled, then each wider TP inside a node with its own steps 2-3), keeping the
+   best goodput that meets the SLO.
 
-The GPUs left over become replicas (data parallelism: gpus // TP engines). Model (stated so it
-can be argued with): a router spreads requests evenly, so one replica serving every
-replicas-th request stands for all of them and the fleet's goodput is replicas times its own;
-every step is priced by the roofline (minillm.parallel), which is optimistic: real engines
-reach a fraction of peak, so calibrate the overheads (minillm.calibration) before trusting
-the absolute numbers. "Meets the SLO" means at least `attainment` of the requests (0.9, as
+The GPUs left over become replicas (data parallelism: gpus // (TP x PP) engines). Model
+(stated so it can be argued with): a router spreads requests evenly, so one replica serving
+every replicas-th request stands for all of them and the fleet's goodput is replicas times its
+own; every step is priced by the roofline (minillm.parallel), which is optimistic: real engines
+reach a fraction of peak, so calibrate the overheads (minillm.calibration) before trusting the
+absolute numbers. "Meets the SLO" means at least attainment_target of the requests (0.9, as
 DistServe counts) meet every bound.
 """
 
@@ -37,9 +38,9 @@ from minillm.simulator import SimulationResult, simulate
 from minillm.sizing import cost_per_million_tokens
 from minillm.workload import RequestSpec, Workload
 
-MAX_NUM_SEQS_CAP = 256  # vLLM's default max_num_seqs: past it the scheduler's work per step grows
+MAX_NUM_SEQS_CAP = 256  # vLLM's default max_num_seqs; the search may still try twice it
 MIN_BATCHED_TOKENS = 512  # below it a prefill chunk is too small to use the GPU's FLOPs
-MAX_BATCHED_TOKENS = 16384
+MAX_BATCHED_TOKENS = 16384  # the largest budget step 3 and the search try
 MIN_FULL_SEQUENCES = 4  # "fits" means a few longest requests at once, not one
 GPU_MEMORY_UTILIZATION = 0.9  # the share of memory the engine takes (vLLM's default)
 GOODPUT_TOLERANCE = 0.02  # a search step must beat the current best by this share to replace it
@@ -48,11 +49,10 @@ GOODPUT_TOLERANCE = 0.02  # a search step must beat the current best by this sha
 @dataclass(frozen=True)
 class Recommendation:
     """A deployment: tensor_parallel_size x pipeline_parallel_size GPUs per engine, replicas
-    engines (data parallelism), their scheduler
-    settings; summary: one replica's modelled run (seconds, requests/s); goodput: the fleet's
-    requests/s that meet the SLO; attainment: the share of requests that met it;
-    dollars_per_million_tokens: output tokens, None when the hardware has no price;
-    reasoning: one line per step of the recipe, with the numbers that drove it."""
+    engines (data parallelism), their scheduler settings. summary: one replica's modelled run
+    (seconds, requests/s); goodput: the fleet's requests/s that meet the SLO; attainment: the
+    share of requests that met it; dollars_per_million_tokens: output tokens, None when the
+    hardware has no price; reasoning: one line per step of the recipe, with its numbers."""
 
     model: str
     hardware: str
