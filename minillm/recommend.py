@@ -121,22 +121,27 @@ class _Trial:
 
 def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSpec],
               slo: dict[str, float], gpus: int, *, attainment_target: float = 0.9,
-              sim_requests: int = 300) -> Recommendation:
+              sim_requests: int = 300, overheads: dict[str, float] | None = None
+              ) -> Recommendation:
     """The recipe's deployment of model on gpus GPUs of hw for workload under slo (seconds,
     as metrics.meets_slo: {"ttft": 1.0, "tpot": 0.05}); simulations use at most sim_requests
-    requests of one replica's share. ValueError naming the binding constraint when no
-    configuration can: the weights (step 1) or the SLO metric furthest from met (step 4)."""
+    requests of one replica's share. overheads: simulate()'s overhead, overhead_per_token,
+    overhead_per_seq, overhead_per_pair (CalibrationReport.overheads() fits them), used by
+    step 3 and the search alike; None prices steps at the roofline's peaks. ValueError naming
+    the binding constraint when no configuration can: the weights (step 1) or the SLO metric
+    furthest from met (step 4)."""
     config, device = as_config(model), get_hardware(hw)
     _check_inputs(workload, slo, gpus, attainment_target, sim_requests)
+    overheads = _check_overheads(overheads)
     totals = [s.prompt_len + s.output_len for s in workload]
     longest, typical = max(totals), math.ceil(percentile(totals, 90))
     reasoning: list[str] = []
     layout = choose_layout(config, device, gpus, longest, reasoning)
     seqs = choose_max_num_seqs(config, device, layout, typical, reasoning)
     budget = choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
-                                   reasoning)
+                                   reasoning, overheads)
     best, tried = _search(config, device, workload, slo, gpus, (layout, seqs, budget),
-                          attainment_target, sim_requests)
+                          attainment_target, sim_requests, overheads)
     if best.shares["all"] < attainment_target:
         raise ValueError(_refusal(tried, slo, attainment_target))
     return _report(model, device, gpus, best, tried, slo, reasoning)
@@ -189,6 +194,17 @@ def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: 
         raise ValueError(f"attainment_target must be in (0, 1], got {attainment_target!r}")
     if not isinstance(sim_requests, int) or sim_requests < 1:
         raise ValueError(f"sim_requests must be a positive int, got {sim_requests!r}")
+
+
+def _check_overheads(overheads: dict[str, float] | None) -> dict[str, float]:
+    allowed = ("overhead", "overhead_per_token", "overhead_per_seq", "overhead_per_pair")
+    for name, value in (overheads or {}).items():
+        if name not in allowed:
+            raise ValueError(f"unknown overhead {name!r}; use {', '.join(allowed)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"overheads[{name!r}] must be a number of seconds >= 0, "
+                             f"got {value!r}")
+    return dict(overheads or {})
 
 
 def _tp_options(config: Any, device: Hardware, gpus: int) -> list[int]:
@@ -279,7 +295,8 @@ def choose_max_num_seqs(config: Any, device: Hardware, layout: parallel.Parallel
 
 def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.ParallelConfig,
                           seqs: int, typical: int, workload: Sequence[RequestSpec],
-                          slo: dict[str, float], reasoning: list[str]) -> int:
+                          slo: dict[str, float], reasoning: list[str],
+                          overheads: dict[str, float] | None = None) -> int:
     """Step 3: the largest power-of-two budget (MIN_BATCHED_TOKENS..MAX_BATCHED_TOKENS) whose
     mixed step, one chunk of the budget beside seqs - 1 decodes at the typical context, stays
     under the TPOT SLO (without one: the p90 prompt in one chunk)."""
@@ -288,7 +305,7 @@ def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.Parall
     def mixed_step(budget: int) -> float:
         decodes = [(1, typical)] * (seqs - 1)
         return parallel.parallel_step_time(config, device, [(budget, budget)] + decodes,
-                                           layout).time
+                                           layout, **(overheads or {})).time
 
     tpot = slo.get("tpot")
     budget = MIN_BATCHED_TOKENS
@@ -315,7 +332,8 @@ def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.Parall
 
 def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
             slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
-            target: float, sim_requests: int) -> tuple[_Trial, list[_Trial]]:
+            target: float, sim_requests: int, overheads: dict[str, float]
+            ) -> tuple[_Trial, list[_Trial]]:
     """Step 4: from start (layout, max_num_seqs, budget), try max_num_seqs halved and doubled,
     then the budget halved and doubled around the better, then each wider TP; one knob at a
     time, so 5 simulations plus one per wider TP. The best meets the SLO with the most
@@ -331,7 +349,7 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
                               pipeline_parallel_size=layout.pipeline_parallel_size,
                               max_num_seqs=seqs, max_num_batched_tokens=budget,
                               enable_chunked_prefill=True, record_block_tables=False,
-                              gpu_memory_utilization=GPU_MEMORY_UTILIZATION)
+                              gpu_memory_utilization=GPU_MEMORY_UTILIZATION, **overheads)
             goodput = result.summary(slo).goodput or 0.0
             tried[layout, seqs, budget] = _Trial(layout, seqs, budget, result,
                                                  attainment(result, slo), goodput * replicas)
@@ -362,7 +380,7 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
         wider = parallel.ParallelConfig(tp)
         seqs_wide = choose_max_num_seqs(config, device, wider, typical, [])
         budget_wide = choose_batched_tokens(config, device, wider, seqs_wide, typical,
-                                            workload, slo, [])
+                                            workload, slo, [], overheads)
         best = keep_better(best, run(wider, seqs_wide, budget_wide))
     return best, list(tried.values())
 

@@ -128,6 +128,16 @@ def test_the_chunk_keeps_a_mixed_step_under_the_tpot_slo():
     assert MIN_BATCHED_TOKENS <= budget and mixed(budget) <= tpot < mixed(2 * budget)
 
 
+def test_step_overheads_shrink_the_chunk():
+    """10 ms a step (a slow framework) leaves less of the TPOT SLO for the chunk."""
+    specs = workload.poisson(50, 1.0, 1000, 200, seed=0)
+    layout, slo = parallel.ParallelConfig(1), {"tpot": 0.03}
+    peak = choose_batched_tokens("llama-3-8b", "H100-SXM", layout, 64, 1200, specs, slo, [])
+    slowed = choose_batched_tokens("llama-3-8b", "H100-SXM", layout, 64, 1200, specs, slo, [],
+                                   {"overhead": 0.01, "overhead_per_seq": 1e-4})
+    assert MIN_BATCHED_TOKENS <= slowed < peak
+
+
 def test_replica_share_takes_every_nth_request_at_a_fraction_of_the_rate():
     specs = workload.poisson(10, 4.0, 10, 5, seed=0)
     share = replica_share(specs, 3)
@@ -141,6 +151,8 @@ def test_replica_share_takes_every_nth_request_at_a_fraction_of_the_rate():
     ({"slo": {"tpot": -1}}, r"slo\['tpot'\] must be a positive number"),
     ({"workload": []}, "workload must be a non-empty sequence of RequestSpec"),
     ({"attainment_target": 1.5}, "attainment_target must be in"),
+    ({"overheads": {"launch": 1e-3}}, "unknown overhead 'launch'"),
+    ({"overheads": {"overhead": -1}}, r"overheads\['overhead'\] must be a number"),
 ])
 def test_bad_inputs_are_named(kwargs, message):
     args = {"model": "llama-3-8b", "hw": "H100-SXM",
