@@ -46,8 +46,8 @@ Module map (one concept each):
     disaggregation.py  prefill and decode pools, the K/V shipped over a link between them:
                      simulate_disaggregated(), compare_disaggregation() with colocated serving
     kv_handover.py   the decode replica that takes in prompt K/V computed elsewhere
-    recommend.py     the starting-config recipe as code: TP, max_num_seqs, the chunk size,
-                     then a goodput search in the simulator: recommend() and its reasoning
+    recipe.py        recommend(): the starting-config recipe as code (TP, max_num_seqs, the
+                     chunk size, then a goodput search in the simulator) and its reasoning
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
@@ -75,7 +75,7 @@ from minillm.llm import LLM, default_draft_path, default_model_path
 from minillm.metrics import RequestMetrics, summarize
 from minillm.model_config import ModelConfig
 from minillm.parallel import ParallelConfig
-from minillm.recommend import Recommendation, recommend
+from minillm.recipe import Recommendation, recommend
 from minillm.request import RequestOutput
 from minillm.sampling import SamplingParams
 from minillm.simulator import simulate

@@ -10,7 +10,7 @@ import pytest
 from minillm import parallel, simulate, workload
 from minillm.hardware import HARDWARE
 from minillm.metrics import percentile
-from minillm.recommend import (
+from minillm.recipe import (
     MAX_NUM_SEQS_CAP,
     MIN_BATCHED_TOKENS,
     attainment,
