@@ -33,6 +33,7 @@ Module map (one concept each):
                      and GPU-to-GPU links (LINKS: NVLink, PCIe, InfiniBand, Ethernet)
     parallel.py      tensor and pipeline parallelism: weights and KV per GPU, all-reduce,
                      a TP x PP step's cost, bubbles: ParallelConfig, decode_tpot
+    collectives.py   what crossing a link costs: ring all-reduce, sends, pipeline bubbles
     roofline.py      ridge points, the step cost model, measure_machine()
     workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
     prefix_workload.py  shared-prefix and multi-turn workloads with explicit token ids, and

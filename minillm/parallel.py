@@ -23,6 +23,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from minillm.collectives import (  # noqa: F401 (parallel re-exports the ones it does not call)
+    all_reduce_time,
+    bubble_fraction,
+    bus_bandwidth,
+    gather_time,
+    pipeline_time,
+    send_time,
+)
 from minillm.hardware import Hardware, Link, get_hardware
 from minillm.model_config import ModelConfig
 from minillm.models import ModelLike, as_config
@@ -217,33 +225,6 @@ def num_kv_blocks(model: ModelLike, hw: Hardware | str, layout: ParallelConfig,
     return int(blocks)
 
 
-# --- communication --------------------------------------------------------------------------
-
-
-def all_reduce_time(nbytes: float, n: int, link: Link) -> float:
-    """Seconds of a ring all-reduce of nbytes over n GPUs: a reduce-scatter and an all-gather,
-    each n - 1 steps moving nbytes / n per GPU, so 2 (n - 1) / n * nbytes / bandwidth +
-    2 (n - 1) * latency. 0 for n = 1. NCCL's bus bandwidth (nccl-tests, doc/PERFORMANCE.md) is
-    this 2 (n - 1) / n * nbytes / time, the link's speed whatever n."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int (GPUs in the group), got {n!r}")
-    if not nbytes >= 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
-    steps = 2 * (n - 1)
-    return steps / n * nbytes / link.bandwidth + steps * link.latency if n > 1 else 0.0
-
-
-def bus_bandwidth(nbytes: float, n: int, seconds: float) -> float:
-    """NCCL's all-reduce bus bandwidth, bytes/s: 2 (n - 1) / n * nbytes / seconds, the figure
-    nccl-tests prints as busbw and comparable across group sizes."""
-    return 2 * (n - 1) / n * nbytes / seconds
-
-
-def send_time(nbytes: float, link: Link) -> float:
-    """Seconds to send nbytes from one GPU to another over link: nbytes / bandwidth + latency."""
-    return nbytes / link.bandwidth + link.latency
-
-
 # --- the cost of a step ---------------------------------------------------------------------
 
 
@@ -328,7 +309,7 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
         moved = s.read_params * dtype_bytes + s.kv_elems_per_token * kv_tokens * kv_bytes
         reduce = 2 * s.layers * layer_reduce
         if s.head_params and tp > 1:  # vLLM's LogitsProcessor gathers the vocab shards
-            reduce += _gather_time(rows * c.vocab_size * act, tp, layout.tensor_link(device))
+            reduce += gather_time(rows * c.vocab_size * act, tp, layout.tensor_link(device))
         send = (send_time(tokens * c.hidden_size * act, layout.boundary_link(device, stage))
                 if stage < pp - 1 else 0.0)
         stages.append(StageCost(s.layers, flops, moved, flops / device.flops,
@@ -336,11 +317,6 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
     extra = (overhead + overhead_per_token * tokens + overhead_per_seq * rows
              + overhead_per_pair * pairs)
     return ParallelStepCost(tuple(stages), extra)
-
-
-def _gather_time(nbytes: float, n: int, link: Link) -> float:
-    """A ring gather of nbytes in n shards: (n - 1) / n * nbytes / bandwidth + (n - 1) steps."""
-    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
 
 
 def step_timer(layout: ParallelConfig) -> Callable[..., ParallelStepCost]:
@@ -364,22 +340,7 @@ def decode_tpot(model: ModelLike, hw: Hardware | str, layout: ParallelConfig, ba
                               kv_dtype_bytes=kv_dtype_bytes).time
 
 
-# --- pipelines and their bubbles ------------------------------------------------------------
-
-
-def bubble_fraction(pipeline_parallel_size: int, micro_batches: int) -> float:
-    """The idle share of a GPipe pipeline of p equal stages fed m micro-batches:
-    (p - 1) / (m + p - 1) (Huang et al. 2019, GPipe, section 2.2)."""
-    return (pipeline_parallel_size - 1) / (micro_batches + pipeline_parallel_size - 1)
-
-
-def pipeline_time(stage_times: Sequence[float], micro_batches: int) -> float:
-    """Seconds for m micro-batches to pass stages that take stage_times each per micro-batch:
-    sum(stage_times) + (m - 1) * max(stage_times), the first through every stage and then one
-    out per slowest stage. Equal stages t: (m + p - 1) t, GPipe's."""
-    if not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
-    return sum(stage_times) + (micro_batches - 1) * max(stage_times)
+# --- pipelines and their bubbles (minillm.collectives: bubble_fraction, pipeline_time) -----
 
 
 def pipeline_decode_throughput(model: ModelLike, hw: Hardware | str, layout: ParallelConfig,
