@@ -39,7 +39,9 @@ TERMS = ["TTFT", "TPOT", "ITL", "E2E latency", "throughput", "goodput", "SLO", "
          "prefix caching", "arithmetic intensity", "roofline", "ridge point", "prefill crossover",
          "memory-bound", "compute-bound", "continuous batching", "static batching",
          "chunked prefill", "token budget", "preemption", "KV wall", "GQA", "MQA", "seat",
-         "percentile", "calibration", "CUDA graph", "admission", "swap", "priority"]
+         "percentile", "calibration", "CUDA graph", "admission", "swap", "priority",
+         "tensor parallelism", "pipeline parallelism", "all-reduce", "pipeline bubble",
+         "disaggregation", "data parallelism"]
 # In a student handout (strip-solutions) the tests that read the solutions skip; the rest run.
 needs_solutions = pytest.mark.skipif(not has_solutions(), reason="a copy without the solutions")
 SYMBOLS = ["B", "T", "S", "H", "K", "D", "L", "E", "F", "V", "N", "P", "I", "O", "AI"]
