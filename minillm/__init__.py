@@ -47,8 +47,11 @@ Module map (one concept each):
     disaggregation.py  prefill and decode pools, the K/V shipped over a link between them:
                      simulate_disaggregated(), compare_disaggregation() with colocated serving
     kv_handover.py   the decode replica that takes in prompt K/V computed elsewhere
+    deployment.py    a multi-GPU deployment (TP x PP x replicas, scheduler knobs) and its
+                     modelled run: run_deployment() -> goodput, SLO attainment, $/1M tokens
     recipe.py        recommend(): the starting-config recipe as code (TP, max_num_seqs, the
                      chunk size, then a goodput search in the simulator) and its reasoning
+    capstone.py      chapter 11's capstone scenarios, evaluate() and the recipe's reference
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()

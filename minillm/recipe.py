@@ -31,19 +31,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minillm import parallel
+from minillm.deployment import (
+    GPU_MEMORY_UTILIZATION,
+    Deployment,
+    DeploymentRun,
+    attainment,
+    replica_share,
+    run_deployment,
+)
 from minillm.hardware import Hardware, get_hardware
-from minillm.metrics import Summary, meets_slo, percentile
+from minillm.metrics import Summary, percentile
 from minillm.models import ModelLike, as_config
-from minillm.simulator import SimulationResult, simulate
-from minillm.sizing import cost_per_million_tokens
-from minillm.workload import RequestSpec, Workload
+from minillm.simulator import SimulationResult
+from minillm.workload import RequestSpec
+
+__all__ = ["Recommendation", "attainment", "recommend", "replica_share"]
 
 MAX_NUM_SEQS_CAP = 256  # vLLM's default max_num_seqs; the search may still try twice it
 MIN_BATCHED_TOKENS = 512  # below it a prefill chunk is too small to use the GPU's FLOPs
 MAX_BATCHED_TOKENS = 16384  # the largest budget step 3 and the search try
 MIN_FULL_SEQUENCES = 4  # "fits" means a few longest requests at once, not one
-GPU_MEMORY_UTILIZATION = 0.9  # the share of memory the engine takes (vLLM's default)
-GOODPUT_TOLERANCE = 0.02  # a search step must beat the current best by this share to replace it
+GOODPUT_TOLERANCE = 0.05  # a search step must beat the current best by this share to replace it:
+# a few hundred simulated requests measure goodput to a few per cent (the drain at the end of a
+# run, sampling), and a tie keeps the recipe's own, smaller TP
 
 
 @dataclass(frozen=True)
@@ -72,51 +82,19 @@ class Recommendation:
     def gpus_used(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.replicas
 
+    @property
+    def deployment(self) -> Deployment:
+        return Deployment(self.tensor_parallel_size, self.pipeline_parallel_size, self.replicas,
+                          self.max_num_seqs, self.max_num_batched_tokens,
+                          self.enable_chunked_prefill)
+
     def engine_kwargs(self) -> dict[str, Any]:
         """The settings as simulate()'s (and vLLM's) keyword arguments, for one replica."""
-        return {"tensor_parallel_size": self.tensor_parallel_size,
-                "pipeline_parallel_size": self.pipeline_parallel_size,
-                "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens,
-                "enable_chunked_prefill": self.enable_chunked_prefill}
+        return self.deployment.engine_kwargs()
 
     def explain(self) -> str:
         """The reasoning, one numbered line per step."""
         return "\n".join(f"{i}. {line}" for i, line in enumerate(self.reasoning, 1))
-
-
-def replica_share(workload: Sequence[RequestSpec], replicas: int) -> Workload:
-    """The requests one of replicas engines serves under an even router: every replicas-th
-    request (arrival times kept, so its rate is 1/replicas of the whole); a closed loop's
-    concurrency is split too."""
-    if not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas must be a positive int, got {replicas!r}")
-    specs = list(workload)[::replicas]
-    concurrency = getattr(workload, "concurrency", None)
-    rate = getattr(workload, "rate", None)
-    return Workload(specs, None if concurrency is None else max(concurrency // replicas, 1),
-                    None if rate is None else rate / replicas)
-
-
-def attainment(result: SimulationResult, slo: dict[str, float]) -> dict[str, float]:
-    """The share of finished requests that meet each bound of slo alone, and "all": every one."""
-    done = [o.metrics for o in result.outputs if o.metrics.finished_time is not None]
-    shares = {name: sum(meets_slo(m, {name: bound}) for m in done) / len(done)
-              for name, bound in slo.items()}
-    shares["all"] = sum(meets_slo(m, slo) for m in done) / len(done)
-    return shares
-
-
-@dataclass(frozen=True)
-class _Trial:
-    """One simulated configuration of the search."""
-
-    layout: parallel.ParallelConfig
-    max_num_seqs: int
-    budget: int
-    result: SimulationResult
-    shares: dict[str, float]
-    goodput: float  # the fleet's: replicas x one replica's
 
 
 def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSpec],
@@ -142,37 +120,36 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
                                    reasoning, overheads)
     best, tried = _search(config, device, workload, slo, gpus, (layout, seqs, budget),
                           attainment_target, sim_requests, overheads)
-    if best.shares["all"] < attainment_target:
+    if best.attainment < attainment_target:
         raise ValueError(_refusal(tried, slo, attainment_target))
-    return _report(model, device, gpus, best, tried, slo, reasoning)
+    return _report(model, device, gpus, best, tried, reasoning)
 
 
-def _report(model: ModelLike, device: Hardware, gpus: int, best: _Trial, tried: list[_Trial],
-            slo: dict[str, float], reasoning: list[str]) -> Recommendation:
+def _report(model: ModelLike, device: Hardware, gpus: int, best: DeploymentRun,
+            tried: list[DeploymentRun], reasoning: list[str]) -> Recommendation:
     """The Recommendation of the search's best, with its last lines of reasoning: the search
     and, on a priced GPU, the cost (at the workload's rate, not at the fleet's capacity)."""
-    replicas, start = gpus // best.layout.world_size, tried[0]
-    used, summary = best.layout.world_size * replicas, best.result.summary(slo)
+    chosen, start, summary = best.deployment, tried[0], best.summary
+    replicas, used = chosen.replicas, chosen.gpus
     idle = f" ({gpus - used} of the {gpus} GPUs left idle)" if used < gpus else ""
     reasoning.append(
         f"Search: {len(tried)} simulated configs ({len(best.result.outputs)} requests of one "
         f"replica's share each); the recipe's start had goodput {start.goodput:.2f} req/s "
-        f"with {start.shares['all']:.0%} meeting the SLO; best: {_name(best.layout)}, "
-        f"max_num_seqs {best.max_num_seqs}, max_num_batched_tokens {best.budget}: goodput "
+        f"with {start.attainment:.0%} meeting the SLO; best: {_name(chosen.layout)}, "
+        f"max_num_seqs {chosen.max_num_seqs}, max_num_batched_tokens "
+        f"{chosen.max_num_batched_tokens}: goodput "
         f"{best.goodput:.2f} req/s over {replicas} replica(s){idle}, "
-        f"{best.shares['all']:.0%} of requests meet the SLO (TTFT p99 "
+        f"{best.attainment:.0%} of requests meet the SLO (TTFT p99 "
         f"{summary.ttft.p99 * 1e3:.0f} ms, TPOT p99 {summary.tpot.p99 * 1e3:.1f} ms).")
-    dollars = None
-    if device.dollars_per_hour is not None and summary.output_throughput > 0:
-        fleet_tokens = summary.output_throughput * replicas
-        dollars = cost_per_million_tokens(device.dollars_per_hour * used, fleet_tokens)
-        reasoning.append(f"Cost: {used} GPUs at ${device.dollars_per_hour:.2f}/h "
-                         f"for {fleet_tokens:.0f} output tokens/s: ${dollars:.3f} per 1M tokens.")
+    dollars = best.dollars_per_million_tokens
+    if dollars is not None:
+        reasoning.append(f"Cost: {used} GPUs at ${device.dollars_per_hour:.2f}/h for "
+                         f"{summary.output_throughput * replicas:.0f} output tokens/s: "
+                         f"${dollars:.3f} per 1M tokens.")
     return Recommendation(model if isinstance(model, str) else "custom model", device.name,
-                          best.layout.tensor_parallel_size,
-                          best.layout.pipeline_parallel_size, replicas, best.max_num_seqs,
-                          best.budget, summary, best.goodput, best.shares["all"], dollars,
-                          reasoning)
+                          chosen.tensor_parallel_size, chosen.pipeline_parallel_size, replicas,
+                          chosen.max_num_seqs, chosen.max_num_batched_tokens, summary,
+                          best.goodput, best.attainment, dollars, reasoning)
 
 
 def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: int,
@@ -333,32 +310,25 @@ def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.Parall
 def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
             slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
             target: float, sim_requests: int, overheads: dict[str, float]
-            ) -> tuple[_Trial, list[_Trial]]:
+            ) -> tuple[DeploymentRun, list[DeploymentRun]]:
     """Step 4: from start (layout, max_num_seqs, budget), try max_num_seqs halved and doubled,
     then the budget halved and doubled around the better, then each wider TP; one knob at a
     time, so 5 simulations plus one per wider TP. The best meets the SLO with the most
     goodput."""
-    tried: dict[tuple[parallel.ParallelConfig, int, int], _Trial] = {}
+    tried: dict[Deployment, DeploymentRun] = {}
 
-    def run(layout: parallel.ParallelConfig, seqs: int, budget: int) -> _Trial:
-        if (layout, seqs, budget) not in tried:
-            replicas = gpus // layout.world_size
-            share = replica_share(workload, replicas)[:sim_requests]
-            result = simulate(config, device, share,
-                              tensor_parallel_size=layout.tensor_parallel_size,
-                              pipeline_parallel_size=layout.pipeline_parallel_size,
-                              max_num_seqs=seqs, max_num_batched_tokens=budget,
-                              enable_chunked_prefill=True, record_block_tables=False,
-                              gpu_memory_utilization=GPU_MEMORY_UTILIZATION, **overheads)
-            goodput = result.summary(slo).goodput or 0.0
-            tried[layout, seqs, budget] = _Trial(layout, seqs, budget, result,
-                                                 attainment(result, slo), goodput * replicas)
-        return tried[layout, seqs, budget]
+    def run(layout: parallel.ParallelConfig, seqs: int, budget: int) -> DeploymentRun:
+        chosen = Deployment(layout.tensor_parallel_size, layout.pipeline_parallel_size,
+                            gpus // layout.world_size, seqs, budget)
+        if chosen not in tried:
+            tried[chosen] = run_deployment(config, device, workload, slo, chosen,
+                                           sim_requests=sim_requests, overheads=overheads)
+        return tried[chosen]
 
-    def rank(t: _Trial) -> tuple[bool, float, float]:
-        return t.shares["all"] >= target, t.goodput, t.shares["all"]
+    def rank(t: DeploymentRun) -> tuple[bool, float, float]:
+        return t.attainment >= target, t.goodput, t.attainment
 
-    def keep_better(best: _Trial, candidate: _Trial) -> _Trial:
+    def keep_better(best: DeploymentRun, candidate: DeploymentRun) -> DeploymentRun:
         # Within GOODPUT_TOLERANCE it is a tie (a few hundred requests are a noisy sample),
         # and a tie keeps what came first: the recipe's own choice.
         met, goodput, share = rank(candidate)
@@ -371,7 +341,7 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
     for other in (max(seqs // 2, 1), min(seqs * 2, 2 * MAX_NUM_SEQS_CAP)):
         best = keep_better(best, run(layout, other, budget))
     for other in (max(budget // 2, MIN_BATCHED_TOKENS), min(budget * 2, MAX_BATCHED_TOKENS)):
-        best = keep_better(best, run(layout, best.max_num_seqs, other))
+        best = keep_better(best, run(layout, best.deployment.max_num_seqs, other))
     typical = math.ceil(percentile([s.prompt_len + s.output_len for s in workload], 90))
     wider_tps = [] if layout.pipeline_parallel_size > 1 else [
         t for t in _tp_options(config, device, gpus) if t > layout.tensor_parallel_size]
@@ -397,15 +367,17 @@ def _per_request(result: SimulationResult, name: str) -> list[float]:
     return values
 
 
-def _refusal(tried: list[_Trial], slo: dict[str, float], target: float) -> str:
+def _refusal(tried: list[DeploymentRun], slo: dict[str, float], target: float) -> str:
     """Why no configuration meets the SLO: the metric met by the fewest requests in the
     closest configuration, with the value that target of the requests reached."""
-    closest = max(tried, key=lambda t: (t.shares["all"], t.goodput))
+    closest = max(tried, key=lambda t: (t.attainment, t.goodput))
     binding = min(slo, key=lambda name: closest.shares[name])
     reached = percentile(_per_request(closest.result, binding), 100 * target)
+    near = closest.deployment
     return (f"no configuration meets the SLO: {binding.upper()} is the binding constraint. "
-            f"The closest of {len(tried)} simulated configs ({_name(closest.layout)}, "
-            f"max_num_seqs {closest.max_num_seqs}, max_num_batched_tokens {closest.budget}) has p"
+            f"The closest of {len(tried)} simulated configs ({_name(near.layout)}, "
+            f"max_num_seqs {near.max_num_seqs}, max_num_batched_tokens "
+            f"{near.max_num_batched_tokens}) has p"
             f"{100 * target:g} {binding.upper()} {reached * 1e3:.2f} ms against the bound of "
             f"{slo[binding] * 1e3:.2f} ms ({closest.shares[binding]:.0%} of requests meet it, "
             f"{target:.0%} must); loosen {binding!r}, lower the request rate, or use faster GPUs")

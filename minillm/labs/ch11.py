@@ -1,0 +1,263 @@
+"""Graded exercises of chapter 11 (beyond one GPU): a ring all-reduce, and the capstone.
+
+11.1: the reader's all_reduce_time(nbytes, n, bandwidth, latency), graded against
+minillm.collectives.all_reduce_time on messages from latency-bound (kilobytes) to
+bandwidth-bound (gigabytes) and groups of 1 to 16 GPUs, each common slip named by the ratio it
+leaves (one pass instead of two, whole buffers instead of shards, no latency); then inside the
+multi-GPU model, where it must give the same TPOT for Llama-3-70B at TP 2, 4 and 8.
+
+11.2: the capstone. The reader deploys the chat-70b scenario (minillm.capstone.SCENARIOS) and
+answers with a dict: the deployment (vLLM's names), the goodput and $/1M tokens they modelled,
+and their reasoning. Graded by one ruler, minillm.capstone.evaluate: the deployment must fit
+the GPUs given, meet the SLO (90% of requests) and reach the recipe's goodput (recommend())
+within GOODPUT_TOLERANCE; the figures reported must be the deployment's own; the reasoning must
+address each RUBRIC item. A failing deployment gets a hint from what failed: the layout, the
+chunk that breaks TPOT, the queue that breaks TTFT.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
+
+from minillm.labs.exercise import Exercise, expect_callable
+
+SIGNATURE = "all_reduce_time(nbytes, n, bandwidth, latency) -> seconds"
+CAPSTONE = "chat-70b"
+GOODPUT_TOLERANCE = 0.10  # the reader's goodput may trail the recipe's by 10%: a few hundred
+REPORT_TOLERANCE = 0.05  # simulated requests are a noisy sample; reported figures: 5%
+DEPLOYMENT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "replicas", "max_num_seqs",
+                   "max_num_batched_tokens")
+
+# (bytes, GPUs, link name): a decode step's activations (KB) and a training gradient (GB), on
+# NVLink inside a node and InfiniBand between nodes; n = 1 has nothing to reduce.
+CASES = [(16e3, 8, "NVLink 4"), (1e6, 4, "NVLink 4"), (4e9, 8, "NVLink 4"), (4e9, 2, "NVLink 3"),
+         (64e3, 16, "InfiniBand NDR"), (2e9, 16, "InfiniBand NDR"), (5e8, 1, "NVLink 4")]
+
+
+def _check_cases(all_reduce_time: Callable) -> None:
+    from minillm.collectives import all_reduce_time as reference
+    from minillm.hardware import LINKS
+
+    for nbytes, n, name in CASES:
+        link = LINKS[name]
+        got = all_reduce_time(nbytes, n, link.bandwidth, link.latency)
+        want = reference(nbytes, n, link)
+        assert isinstance(got, (int, float)) and math.isfinite(got), (
+            f"all_reduce_time({nbytes:g}, {n}, ...) returned {got!r}; return seconds, a float")
+        if n == 1:
+            assert got == 0, (f"one GPU has nothing to reduce with: return 0 for n = 1, not "
+                              f"{got:.3g} s")
+            continue
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        where = (f"{nbytes:,.0f} bytes over {n} GPUs on {name} ({link.bandwidth / 1e9:g} GB/s, "
+                 f"{link.latency * 1e6:g} us a step): you give {got * 1e6:.4g} us, the ring "
+                 f"takes {want * 1e6:.4g} us")
+        wire = 2 * (n - 1) / n * nbytes / link.bandwidth  # the bandwidth term of the reference
+        if math.isclose(got, wire, rel_tol=1e-3):
+            raise AssertionError(f"{where}. Every one of the 2 (n - 1) ring steps waits for its "
+                                 "hop as well: add 2 (n - 1) x latency")
+        ratio = got / want
+        if math.isclose(ratio, 0.5, rel_tol=0.05):
+            hint = ("a ring all-reduce is two passes, a reduce-scatter then an all-gather, "
+                    "each n - 1 steps")
+        elif math.isclose(ratio, n, rel_tol=0.05):
+            hint = "each step moves one shard, nbytes / n, not the whole buffer"
+        else:
+            hint = ("2 (n - 1) steps, each sending nbytes / n over the link and paying one "
+                    "latency: 2 (n - 1) / n x nbytes / bandwidth + 2 (n - 1) x latency")
+        raise AssertionError(f"{where}: {hint}")
+
+
+def _check_in_model(all_reduce_time: Callable) -> tuple[float, int]:
+    """The reader's function in place of the model's: the same TPOT at TP 2, 4, 8. Returns the
+    all-reduces' share of a TP-8 decode step and their number, for the message."""
+    from minillm import parallel
+    from minillm.models import as_config
+
+    def adapted(nbytes: float, n: int, link: Any) -> float:
+        return all_reduce_time(nbytes, n, link.bandwidth, link.latency)
+
+    want = {tp: parallel.decode_tpot("llama-3-70b", "H100-SXM", parallel.ParallelConfig(tp), 32,
+                                     2048) for tp in (2, 4, 8)}
+    with mock.patch.object(parallel, "all_reduce_time", adapted):
+        for tp, tpot in want.items():
+            got = parallel.decode_tpot("llama-3-70b", "H100-SXM", parallel.ParallelConfig(tp), 32,
+                                       2048)
+            assert math.isclose(got, tpot, rel_tol=1e-6), (
+                f"in the multi-GPU model, Llama-3-70B at TP {tp} (batch 32, 2,048 tokens) gets a "
+                f"TPOT of {got * 1e3:.3f} ms with your function, {tpot * 1e3:.3f} ms with the "
+                "model's: check the argument order (nbytes, n, bandwidth, latency)")
+    step = parallel.parallel_step_time("llama-3-70b", "H100-SXM", [(1, 2048)] * 32,
+                                       parallel.ParallelConfig(8))
+    return step.communication_time / step.time, 2 * as_config("llama-3-70b").num_hidden_layers
+
+
+def grade_all_reduce(all_reduce_time: Any) -> str:
+    expect_callable(all_reduce_time, SIGNATURE)
+    _check_cases(all_reduce_time)
+    share, count = _check_in_model(all_reduce_time)
+    return (f"right from kilobytes (latency-bound) to gigabytes (bandwidth-bound) and 1 to 16 "
+            f"GPUs, and the model's TPOT is unchanged with it; in a TP-8 decode step of "
+            f"Llama-3-70B, its {count} all-reduces are {share:.0%} of the time (modelled)")
+
+
+# ---- 11.2: the capstone -----------------------------------------------------------------------
+
+# What the reasoning must address, each with a pattern that shows it was addressed. An
+# instructor reads the reasoning for quality; the grader checks it is there.
+RUBRIC = [
+    ("layout", "why this TP x PP: the weights per GPU (GB) against the memory, and why not a "
+     "smaller or a wider TP", r"\bTP\b|tensor.parallel", r"\d\s*GB"),
+    ("KV", "max_num_seqs from the KV formula: the KV bytes a sequence needs and how many fit",
+     r"\bKV\b", r"max_num_seqs|sequences"),
+    ("chunk", "max_num_batched_tokens: the chunk whose mixed step keeps TPOT under its bound",
+     r"chunk|max_num_batched_tokens", r"\bTPOT\b"),
+    ("replicas", "what the GPUs left after one engine do: replicas (data parallelism)",
+     r"replica|data.parallel", None),
+    ("result", "the modelled goodput, the share of requests meeting the SLO, and $/1M tokens",
+     r"goodput", r"\$"),
+]
+
+
+def rubric_text() -> str:
+    return "\n".join(f"- {name}: {what}" for name, what, *_ in RUBRIC)
+
+
+def _deployment(answer: Any) -> Any:
+    from minillm.deployment import Deployment
+
+    assert isinstance(answer, dict), (
+        f"answer with a dict (the deployment, goodput, dollars_per_million_tokens, reasoning), "
+        f"not a {type(answer).__name__}")
+    missing = [k for k in (*DEPLOYMENT_KEYS, "goodput", "dollars_per_million_tokens",
+                           "reasoning") if k not in answer]
+    assert not missing, f"the answer lacks {', '.join(missing)}"
+    knobs = {k: answer[k] for k in DEPLOYMENT_KEYS}
+    knobs["enable_chunked_prefill"] = answer.get("enable_chunked_prefill", True)
+    try:
+        return Deployment(**knobs)
+    except ValueError as err:
+        raise AssertionError(str(err)) from None
+
+
+def _check_fits(scenario: Any, deployment: Any) -> Any:
+    from minillm import parallel
+    from minillm.capstone import evaluate
+
+    layout = deployment.layout
+    weights = parallel.weight_bytes_per_gpu(scenario.model, layout)
+    usable = scenario.hardware.memory * 0.9
+    assert weights < usable, (
+        f"at TP {layout.tensor_parallel_size} x PP {layout.pipeline_parallel_size} the weights "
+        f"alone take {weights / 1e9:.1f} GB per GPU of {usable / 1e9:.0f} GB usable: split the "
+        "model wider (section 1)")
+    try:
+        return evaluate(scenario, deployment)
+    except ValueError as err:
+        raise AssertionError(f"{err}") from None
+
+
+def _failure_hint(scenario: Any, deployment: Any, run: Any) -> str:
+    """Why a deployment misses the SLO, from the metric that fails most and the knobs."""
+    from minillm import parallel
+    from minillm.metrics import percentile
+
+    layout, slo = deployment.layout, scenario.slo
+    shares = ", ".join(f"{name.upper()} {run.shares[name]:.0%}" for name in slo)
+    totals = [spec.prompt_len + spec.output_len for spec in scenario.workload()]
+    typical = math.ceil(percentile(totals, 90))  # the context of a late decode, as step 3
+    lines = [f"{run.attainment:.0%} of requests meet the SLO, 90% must ({shares} meet each "
+             "bound)"]
+    if run.shares.get("tpot", 1) < 0.9:
+        budget = deployment.max_num_batched_tokens
+        step = parallel.parallel_step_time(
+            scenario.model, scenario.hardware,
+            [(budget, budget)] + [(1, typical)] * (deployment.max_num_seqs - 1), layout).time
+        lines.append(
+            f"TPOT: a step with a {budget}-token prefill chunk beside "
+            f"{deployment.max_num_seqs - 1} decodes takes {step * 1e3:.0f} ms (modelled) against "
+            f"a bound of {slo['tpot'] * 1e3:.0f} ms; every decode in that step waits for it. "
+            "Pick max_num_batched_tokens from the mixed step (the recipe's step 3)")
+    if run.shares.get("ttft", 1) < 0.9:
+        room = parallel.max_concurrency(scenario.model, scenario.hardware, layout, typical, 0.9)
+        lines.append(
+            f"TTFT: prompts queue. At TP {layout.tensor_parallel_size} x PP "
+            f"{layout.pipeline_parallel_size} the KV cache holds {room} sequences of typical "
+            f"length ({typical} tokens) per engine, and max_num_seqs is "
+            f"{deployment.max_num_seqs}: more engines prefill more prompts at once, and "
+            "max_num_seqs from the KV formula keeps the batch from becoming the queue")
+    narrower = parallel.ParallelConfig(layout.tensor_parallel_size // 2,
+                                       layout.pipeline_parallel_size)
+    if (layout.tensor_parallel_size > 1 and parallel.max_concurrency(
+            scenario.model, scenario.hardware, narrower, typical, 0.9) >= 4):
+        lines.append(
+            f"TP {layout.tensor_parallel_size} where TP {narrower.tensor_parallel_size} already "
+            "holds the weights and the K/V of many sequences: the wider TP buys a little "
+            "TPOT, but halves the engines (replicas) that share the traffic")
+    if layout.world_size * deployment.replicas < scenario.gpus:
+        lines.append(f"{scenario.gpus - deployment.gpus} of the {scenario.gpus} GPUs sit idle")
+    return "; ".join(lines)
+
+
+def _check_reasoning(reasoning: Any) -> None:
+    assert isinstance(reasoning, str) and len(reasoning.split()) >= 40, (
+        "write your reasoning as text, at least a paragraph: the rubric asks for\n"
+        + rubric_text())
+    missing = [(name, what) for name, what, first, second in RUBRIC
+               if not re.search(first, reasoning, re.I)
+               or (second is not None and not re.search(second, reasoning, re.I))]
+    assert not missing, (
+        "the deployment is right, but the reasoning does not yet address: "
+        + "; ".join(f"{name} ({what})" for name, what in missing))
+
+
+def grade_capstone(answer: Any) -> str:
+    from minillm.capstone import SCENARIOS, reference
+
+    scenario = SCENARIOS[CAPSTONE]
+    deployment = _deployment(answer)
+    assert deployment.gpus <= scenario.gpus, (
+        f"TP {deployment.tensor_parallel_size} x PP {deployment.pipeline_parallel_size} x "
+        f"{deployment.replicas} replicas is {deployment.gpus} GPUs; the budget is "
+        f"{scenario.gpus}")
+    run = _check_fits(scenario, deployment)
+    assert run.attainment >= 0.9, _failure_hint(scenario, deployment, run)
+    recipe = reference(scenario)
+    assert run.goodput >= (1 - GOODPUT_TOLERANCE) * recipe.goodput, (
+        f"the SLO is met, but the goodput is {run.goodput:.2f} req/s against the recipe's "
+        f"{recipe.goodput:.2f} (modelled): {_failure_hint(scenario, deployment, run)}")
+    for key, figure in (("goodput", run.goodput),
+                        ("dollars_per_million_tokens", run.dollars_per_million_tokens)):
+        value = answer[key]
+        assert isinstance(value, (int, float)) and math.isclose(
+            value, figure, rel_tol=REPORT_TOLERANCE), (
+            f"you report {key} = {value!r}; your deployment's run gives {figure:.3f}: report "
+            "what minillm.capstone.evaluate(scenario, deployment) measures")
+    _check_reasoning(answer["reasoning"])
+    return (f"TP {deployment.tensor_parallel_size} x PP {deployment.pipeline_parallel_size} x "
+            f"{deployment.replicas} replicas meets the SLO for {run.attainment:.0%} of "
+            f"requests at {run.goodput:.2f} req/s of goodput and "
+            f"${run.dollars_per_million_tokens:.2f} per 1M tokens (the recipe: "
+            f"{recipe.goodput:.2f} req/s, ${recipe.dollars_per_million_tokens:.2f}; modelled). "
+            "Your reasoning addresses every rubric item; an instructor grades its quality:\n"
+            + rubric_text())
+
+
+EXERCISES = [
+    Exercise("11.1", "A ring all-reduce",
+             "Write all_reduce_time(nbytes, n, bandwidth, latency): the seconds of a ring "
+             "all-reduce of nbytes over n GPUs, links of bandwidth bytes/s one way per GPU and "
+             "latency seconds per ring step.",
+             grade_all_reduce),
+    Exercise("11.2", "The capstone: deploy chat-70b",
+             "Choose a deployment for minillm.capstone.SCENARIOS['chat-70b'] and answer with a "
+             "dict of tensor_parallel_size, pipeline_parallel_size, replicas, max_num_seqs, "
+             "max_num_batched_tokens, the goodput and dollars_per_million_tokens that "
+             "minillm.capstone.evaluate gives it, and your reasoning.",
+             grade_capstone),
+]
