@@ -190,9 +190,12 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
 class Fleet:
     """Simulators stepped in order of virtual time, with arrivals routed as the clock meets them."""
 
-    def __init__(self, sims: list[Simulator], router: Router):
+    def __init__(self, sims: list[Simulator], router: Router, *, draw_token_ids: bool = True):
         self.sims, self.router = sims, router
         self.views = [ReplicaView(k, sim) for k, sim in enumerate(sims)]
+        # A router that reads prompts (prefix-aware) needs their ids drawn at arrival; one
+        # that only counts load does not, and drawing them would cost more than routing.
+        self.draw_token_ids = draw_token_ids
 
     def run(self, workload: Sequence[RequestSpec]) -> tuple[list[Request], list[int]]:
         """Serve every request; returns the Requests and their replicas, in workload order."""
@@ -226,7 +229,7 @@ class Fleet:
     def route(self, index: int, spec: RequestSpec, arrival: float) -> tuple[int, Request]:
         """Ask the router for a replica at arrival and queue the request there."""
         vocab = self.sims[0].model.vocab_size
-        if not isinstance(spec, TokenRequestSpec):  # draw the ids once, for router and replica
+        if self.draw_token_ids and not isinstance(spec, TokenRequestSpec):  # once, for both
             fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(RequestSpec)}
             spec = TokenRequestSpec(**fields, prompt_ids=tuple(spec.token_ids(vocab)))
         choice = self.router(spec, self.views)

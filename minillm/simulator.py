@@ -106,38 +106,50 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     minillm.spec.simulate; stats() then adds the spec_decode_* counters.
     tensor_parallel_size, pipeline_parallel_size: serve on t x p GPUs of hw (vLLM's names;
     minillm.parallel): the pool is what each GPU's memory holds of its shard of the weights
-    and K/V, and each step is priced by parallel_step_time (all-reduces on hw's links). The
-    engine runs one step at a time, so a step under PP costs the sum of its stages: no
-    micro-batch overlap, pessimistic next to vLLM, which keeps p batches in flight
-    (parallel.pipeline_decode_throughput gives the overlapped bound). A step_time of your own
-    is used as given. Not with speculative decoding.
+    and K/V, and each step is priced by parallel_step_time (all-reduces on hw's links). Under
+    PP, p virtual engines (each with 1/p of the pool) keep p batches in flight through the
+    stages, as vLLM does (minillm.virtual_engines); the trace holds every engine's steps in
+    order of start, and the stats are their sums. With a step_time of your own, used as given,
+    the engine runs one step at a time. Not with speculative decoding.
     """
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
     layout = parallel.ParallelConfig(tensor_parallel_size, pipeline_parallel_size).check(mc)
     engine_kwargs, speculation = split_speculation(engine_kwargs, acceptance_rate, draft_model,
                                                    engine_kwargs.get("seed", 0))
-    if layout.world_size > 1:
-        if speculation is not None:
-            raise ValueError("speculative decoding is not modelled on several GPUs; use "
-                             "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
-        if step_time is roofline.step_time:
-            step_time = parallel.step_timer(layout)
+    if layout.world_size > 1 and speculation is not None:
+        raise ValueError("speculative decoding is not modelled on several GPUs; use "
+                         "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
+    pipelined = layout.pipeline_parallel_size > 1 and step_time is roofline.step_time
+    if layout.world_size > 1 and step_time is roofline.step_time:
+        step_time = parallel.step_timer(layout)
     draft = speculation.draft if speculation else None
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
                             kv_dtype_bytes, draft, layout)
-    sim = Simulator(mc, hardware, config, dtype_bytes,
-                    (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
-                    record_block_tables, step_time, kv_dtype_bytes=kv_dtype_bytes,
-                    speculation=speculation, layout=layout)
+
+    def make_engine(engine_config: EngineConfig, timer: StepTimer) -> Simulator:
+        return Simulator(mc, hardware, engine_config, dtype_bytes,
+                         (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
+                         record_block_tables, timer, kv_dtype_bytes=kv_dtype_bytes,
+                         speculation=speculation, layout=layout)
+
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # millions of small objects and no cycles: collections would only rescan them
     try:
-        outputs = [RequestOutput.of(r) for r in sim.run(workload)]
+        if pipelined:  # p batches in flight, one per virtual engine
+            from minillm.virtual_engines import run_pipelined  # it builds on this module
+
+            requests, trace, stats, _ = run_pipelined(mc, hardware, config, layout, workload,
+                                                      make_engine)
+        else:
+            sim = make_engine(config, step_time)
+            requests = sim.run(workload)
+            trace, stats = sim.trace, sim.stats()
+        outputs = [RequestOutput.of(r) for r in requests]
     finally:
         if gc_was_enabled:
             gc.enable()
-    return SimulationResult(outputs, sim.trace, sim.stats(), config, mc, hardware,
+    return SimulationResult(outputs, trace, stats, config, mc, hardware,
                             wall_time=time.perf_counter() - start,
                             draft_model=draft, layout=layout)
 

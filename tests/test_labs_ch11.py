@@ -75,6 +75,7 @@ def test_reference_capstone_passes(reference_answer: dict,
     assert check("11.2", reference_answer) is True
     out = capsys.readouterr().out
     assert "meets the SLO" in out and all(f"- {name}:" in out for name, *_ in RUBRIC)
+    assert check("11.2", SOLUTIONS["11.2"]) is True  # the function that works it out
 
 
 def answer(deployment: Deployment, **extra) -> dict:

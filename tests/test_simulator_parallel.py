@@ -45,9 +45,10 @@ def test_70b_on_tp_2_4_8_the_pool_grows_and_tpot_falls():
     assert tpot[0] > tpot[1] > tpot[2]
 
 
-def test_pipeline_stages_run_one_after_another():
-    """The engine's loop runs one step at a time, so PP adds the stages' times (and a send)
-    rather than overlapping micro-batches: TP 4 x PP 2 is no faster a step than TP 4 alone."""
+def test_pipeline_stages_add_latency_at_light_load():
+    """A request's steps still pass the stages one after another (and a send between them):
+    under light load TP 4 x PP 2 gives no better TPOT than TP 4 alone, only more KV room.
+    (Under load its p batches in flight fill the pipeline: tests/test_virtual_engines.py.)"""
     wl = _requests(60)
     tp4 = simulate("llama-3-70b", "H100-SXM", wl, tensor_parallel_size=4,
                    record_block_tables=False)

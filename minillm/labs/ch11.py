@@ -134,8 +134,8 @@ def _deployment(answer: Any) -> Any:
     from minillm.deployment import Deployment
 
     assert isinstance(answer, dict), (
-        f"answer with a dict (the deployment, goodput, dollars_per_million_tokens, reasoning), "
-        f"not a {type(answer).__name__}")
+        f"answer with a dict (the deployment, goodput, dollars_per_million_tokens, reasoning) "
+        f"or a function of no arguments that returns one, not a {type(answer).__name__}")
     missing = [k for k in (*DEPLOYMENT_KEYS, "goodput", "dollars_per_million_tokens",
                            "reasoning") if k not in answer]
     assert not missing, f"the answer lacks {', '.join(missing)}"
@@ -222,6 +222,8 @@ def grade_capstone(answer: Any) -> str:
     from minillm.capstone import SCENARIOS, reference
 
     scenario = SCENARIOS[CAPSTONE]
+    if callable(answer):  # the function that works the answer out, as the reference is written
+        answer = answer()
     deployment = _deployment(answer)
     assert deployment.gpus <= scenario.gpus, (
         f"TP {deployment.tensor_parallel_size} x PP {deployment.pipeline_parallel_size} x "
