@@ -77,6 +77,45 @@ def capstone() -> dict[str, Any]:
 SOLUTIONS = {"11.1": all_reduce_time, "11.2": capstone}
 
 MODEL_ANSWERS: dict[str, str] = {
-    "11.3": "TODO",
-    "11.4": "TODO",
+    "11.3": """\
+**Model answer.** Modelled, Llama-3-8B on 4 H100s, 300 Poisson requests with 64-token answers at
+16 req/s, SLO TTFT < 1 s and TPOT < 8 ms, 2 prefill + 2 decode GPUs against 4 colocated replicas
+(chunked prefill, 2,048-token budget). Prompt length: at 256-512, 1k-2k and 2k-4k tokens the two
+tie (15.3 req/s each); at 3k-6k the colocated p99 TPOT is 7.8 ms, just inside, still a tie (15.2
+vs 15.1); at 4k-8k it is 10.5 ms and disaggregation wins 15.2 to 11.9 (1.28x); at 8k-16k (8
+req/s, max_model_len 16384 in all three kwargs) 7.6 to 4.7 (1.6x). At 8k-16k and 16 req/s the
+two prefill GPUs cannot keep up (TTFT p50 5.9 s) and both collapse (0.85 vs 0.69): the edge
+needs a prefill pool that keeps up. The edge appears when a decode step that carries a full
+prefill chunk costs more than the TPOT SLO, and grows with the prompt. TPOT SLO: loosened from 8
+to 10 ms the RAG case ties (15.21 vs 15.06); at 15 and 30 ms colocated is a hair ahead (15.27):
+the edge lives only where the SLO sits between a decode-only step and a mixed one. Link: NVLink,
+InfiniBand NDR and 100GbE keep the edge (15.2 req/s); 25 GbE (3.1 GB/s, below the 6.2 GB/s of
+K/V each prefill replica produces at 16 req/s) collapses to 0.03 req/s as copies queue. Rule:
+the link of each prefill replica must carry (rate / prefill replicas) x prompt tokens x KV bytes
+per token (131,072 for Llama-3-8B in bf16) with headroom, and a copy adds its duration / (n - 1)
+to TPOT. Splits: RAG on 1P+3D starves prefill (TTFT p50 4.3 s, goodput 1.4) while 3P+1D matches
+2P+2D (15.2; one decode GPU still holds TPOT p99 at 7.3 ms for 64-token answers); chat on 1P+3D
+ties colocated (20.5 vs 20.6) and on 3P+1D collapses (3.8; TPOT p99 25 ms on one decode GPU).
+Each workload wants its own ratio, which is why the pools must be sized separately (DistServe
+searches it) and why a shifting mix is disaggregation's risk.""",
+    "11.4": """\
+**Model answer.** Modelled, Llama-3.1-405B in bf16 (810 GB), 4k context; throughput is the
+steady state with p micro-batches in flight (no bubble: optimistic), TPOT in it p x the slowest
+stage. On 16 GPUs (two nodes) it does not fit one node (101 GB a GPU at TP 8). TP 16 across
+nodes: 56 ms TPOT at batch 8 (40 ms of it all-reduces over InfiniBand), 108 sequences of 4k,
+1,130 tokens/s at that wall. TP 8 x PP 2: 34.6 ms at batch 8, 221 sequences, 4,770 tokens/s at
+the wall with TPOT 46 ms, so it meets a 50 ms TPOT SLO even there (about 4,500 tokens/s at 204
+sequences). TP 4 x PP 4: 63 ms, 208 sequences, 2,870 tokens/s; TP 2 x PP 8: 124 ms. TP 8 x PP 2
+wins both goals: TP on NVLink, one send a step on InfiniBand. On 32 GPUs (four nodes): for
+latency, two replicas of TP 8 x PP 2 (data parallelism) keep 34.6 ms at batch 8 and double the
+throughput (about 9,000 tokens/s under 50 ms TPOT, 9,500 at the walls); TP 8 x PP 4 has the same
+batch-8 TPOT (34.6 ms: stages in turn, each half as big) but holds 804 sequences because each
+GPU keeps a quarter of the weights, so it reaches about 10,500 tokens/s under 50 ms TPOT and
+14,000 at its wall (TPOT 57 ms): the throughput pick. Anything with TP 16 or TP 32 crosses
+InfiniBand on every layer and loses (TP 16 x PP 2: 56 ms, 3,040 tokens/s). The answer is most
+sensitive to the all-reduce model (the ring at peak with 1 us hops is optimistic for NCCL's
+small messages, which would push TP 8 up and favour narrower TP with more stages), to the no-
+bubble pipeline (a real engine with few micro-batches loses (p - 1)/(m + p - 1)), and to the
+roofline's peak step times; fp8 weights (405 GB) would change the layout entirely (TP 8 in one
+node would fit).""",
 }
