@@ -2,6 +2,8 @@
 ring all-reduce against NCCL's published bus bandwidth, TP scaling inside and across nodes,
 pipeline bubbles, and clear errors for layouts a model cannot take."""
 
+import dataclasses
+
 import pytest
 
 from minillm import models, parallel, roofline, sizing
@@ -112,6 +114,20 @@ def test_tpot_falls_with_tp_in_a_node_while_tokens_per_gpu_drop():
         parallel.parallel_step_time(L70, H100, [(1, 1024)] * 32, ParallelConfig(tp))
         for tp in (2, 4, 8))]
     assert share[0] < share[1] < share[2]
+
+
+def test_tp_scaling_flattens_past_eight_even_on_nvlink():
+    """The guide: "communication caps the win past TP = 8". On a hypothetical 16-GPU NVLink
+    domain (so the link is not the cause) TP 16 saves under 5% of TP 8's decode TPOT, while
+    TP 4 -> 8 still saves about a third: a decode step's all-reduces are small, latency-bound
+    messages whose 2 (n - 1) ring steps double with the group, 160 of them a step."""
+    nvlink_16 = dataclasses.replace(H100, gpus_per_node=16)
+    for batch in (1, 64):
+        tpot = {tp: parallel.decode_tpot(L70, nvlink_16, ParallelConfig(tp), batch, 4096)
+                for tp in (4, 8, 16)}
+        assert ParallelConfig(16).tensor_link(nvlink_16) == LINKS["NVLink 4"]
+        assert tpot[8] < 0.75 * tpot[4]
+        assert tpot[16] > 0.95 * tpot[8]
 
 
 def test_a_tp_group_across_nodes_is_worse_than_one_inside():
