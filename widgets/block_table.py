@@ -25,9 +25,19 @@ from widgets.pressure import CAUSE_TEXT, has_swaps, host_panel_svg, records_wait
 
 CELL = 26  # px per block in the grid (labelled with its id)
 SMALL_CELL = 12  # px per block once the pool has more than 128 blocks (no labels)
+TABLES_GAP, TABLES_W = 24, 360  # px between the grid and the block tables; the tables' width
 MAX_DRAWN_BLOCKS = 2048  # larger pools show their first blocks only
 MAX_TABLE_ROWS = 16  # request block tables listed beside the grid
 HATCH_ID = "minillm-cached-hatch"
+
+
+def grid_shape(drawn: int) -> tuple[int, int]:
+    """(px per block, blocks per row) for a grid of drawn blocks: 16 labelled 26 px cells a row
+    up to 128 blocks, then 32 small cells a row (384 px: a 512-block pool is 16 rows), 64 a row
+    past 1024 blocks (768 px: 2048 blocks are 32 rows), so no pool draws wider than a column."""
+    if drawn <= 128:
+        return CELL, min(drawn, 16)
+    return SMALL_CELL, 32 if drawn <= 1024 else 64
 
 
 def request_colors(trace: Sequence[StepRecord]) -> dict[str, str]:
@@ -133,18 +143,22 @@ class BlockTableView(TraceView):
     def to_svg(self) -> str:
         rec, snap = self.trace[self.step], self.snapshot()
         drawn = min(self.num_blocks, MAX_DRAWN_BLOCKS)
-        cell = CELL if drawn <= 128 else SMALL_CELL
-        cols = min(drawn, 16 if cell == CELL else 64)
+        cell, cols = grid_shape(drawn)
         grid_w, grid_h = cols * cell, -(-drawn // cols) * cell
-        tables = self._tables_svg(rec, snap, x=grid_w + 24, y=40)
+        # The tables go right of a labelled grid (<= 128 blocks: 800 px in all); under a pool
+        # of small cells, so the picture stays ~620 px wide and its 9-10 px text is read at full
+        # size in a laptop's ~690 px column (beside, a 512-block pool would be 768 px).
+        beside = cell == CELL and grid_w + TABLES_GAP + TABLES_W <= s.MAX_WIDTH
+        tx, ty = (grid_w + TABLES_GAP, 40) if beside else (0, 30 + grid_h + 24)
+        tables = self._tables_svg(rec, snap, x=tx, y=ty)
         rows = min(len(rec.block_tables), MAX_TABLE_ROWS) + 2
         if self.swaps:  # the host pool under the tables
             host, host_h = host_panel_svg(rec, self.sizes, self.step, self.colors,
-                                          x=grid_w + 24, y=40 + rows * 18 + 18)
+                                          x=tx, y=ty + rows * 18 + 18)
             tables += host
             rows += 1 + int(-(-host_h // 18))
-        body_h = max(grid_h, rows * 18)
-        width = max(grid_w + 24 + 360, 620)
+        body_h = max(grid_h, rows * 18) if beside else ty - 40 + rows * 18
+        width = max(grid_w + TABLES_GAP + TABLES_W if beside else max(grid_w, TABLES_W), 620)
         height = 40 + body_h + 70 + 16 * self.waiting
         title = f"KV blocks at step {rec.step} ({self.step + 1} of {len(self.trace)})"
         if not any(r.block_tables for r in self.trace):

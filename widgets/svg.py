@@ -7,7 +7,9 @@ result with ``xml.etree``. The API is small and stable (other views build on it)
   (``free, cached, shared, prefill, decode, waiting, preempted, finished, text, grid``).
 - ``owner_color(i)``: the i-th colour of the cycle used for per-request (per-series) colours;
   ``text_color_on(fill)``: black or white, whichever reads on that fill.
-- ``svg(width, height, body, title=None)``: a complete ``<svg>`` (xmlns, viewBox, font).
+- ``svg(width, height, body, title=None)``: a complete ``<svg>`` (xmlns, viewBox, font) that
+  shrinks to its container: ``style="max-width:100%;height:auto"``.
+- ``MAX_WIDTH``: the widest picture (px) a view should draw; a wider layout wraps or summarises.
 - ``rect(x, y, w, h, fill, title=None, **attrs)``, ``text(x, y, s, size=11, anchor="start",
   **attrs)``, ``line(x1, y1, x2, y2, stroke=..., **attrs)``, ``polyline(points, stroke=...,
   **attrs)``, ``circle(cx, cy, r, fill, title=None, **attrs)``, ``group(body, **attrs)``,
@@ -60,6 +62,16 @@ OWNER_COLORS: tuple[str, ...] = (
     PALETTE["blue"], PALETTE["vermillion"], PALETTE["reddish_purple"],
 )
 
+# The widest intrinsic width (px) of a view's picture: the batch timeline's 810. A page's text column
+# is ~690 px on a laptop (Jupyter Book at 1280 px) and ~360 px on a phone; every picture shrinks
+# to its column (svg() below), and a wider layout would shrink its 9-11 px text below legibility
+# there, so views wrap or summarise rather than draw wider than this.
+MAX_WIDTH = 820
+
+# Pictures keep their width/height attributes (their size where there is room, and in viewers
+# that drop styles) but never exceed their container; height:auto keeps the aspect ratio.
+FIT_STYLE = "max-width:100%;height:auto"
+
 FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"
 
 
@@ -100,10 +112,11 @@ def title_el(title: str | None) -> str:
 
 
 def svg(width: float, height: float, body: str, title: str | None = None) -> str:
-    """A complete, standalone <svg> of width × height pixels around body."""
+    """A complete, standalone <svg> of width × height pixels around body, that shrinks to fit
+    a narrower container (its viewBox scales the drawing)."""
     head = attrs_str(xmlns="http://www.w3.org/2000/svg", width=num(width), height=num(height),
-                     viewBox=f"0 0 {num(width)} {num(height)}", font_family=FONT,
-                     font_size="11", role="img")
+                     viewBox=f"0 0 {num(width)} {num(height)}", style=FIT_STYLE,
+                     font_family=FONT, font_size="11", role="img")
     label = "" if title is None else title_el(title)
     return f"<svg{head}>{label}{body}</svg>"
 
