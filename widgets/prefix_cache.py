@@ -3,8 +3,9 @@
 The root is at the left, one column per depth. A hash chain keeps one node per block (a
 1,024-token system prompt is a chain of 64 nodes), so an unbranched run of nodes in the same
 state is drawn as one box that lists its blocks: the run a radix tree stores as one node. The
-layout (widgets/prefix_tree.py) draws at most MAX_CHILDREN branches of a node and about
-MAX_ROWS rows in all; the rest share one grey box whose hover text names them.
+layout (widgets/prefix_tree.py) draws at most MAX_CHILDREN branches of a node, about
+MAX_ROWS rows and MAX_DEPTH columns in all; the rest share one grey box whose hover text names
+them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from widgets.block_table import request_colors
 from widgets.prefix_tree import RECENCY, Box, build_tree, layout, recency_levels
 
 BOX_W, BOX_H = 156, 30  # px of a node's box; its holder tags go in the 14 px under it
-COL_W, ROW_H = BOX_W + 40, BOX_H + 22  # px per tree depth and per leaf row
+COL_W, ROW_H = BOX_W + 24, BOX_H + 22  # px per tree depth and per leaf row
 ROOT_W, TOP = 40, 58  # the root marker's width; the y of the first row
 LABEL_CHARS = 28  # characters of a 9 px label that fit in a box
 GHOSTS_PER_ROW, MAX_GHOSTS = 24, 48  # evicted blocks drawn in the strip; the rest counted

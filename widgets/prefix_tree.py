@@ -3,7 +3,9 @@
 A hash chain keeps one node per block, so an unbranched run of nodes in the same state becomes
 one box (the run a radix tree stores as one node). Leaves take consecutive rows and a parent
 sits midway between its first and last child, so boxes never overlap; past MAX_CHILDREN
-branches of a node, or MAX_ROWS rows in all, the rest share one box of hidden nodes.
+branches of a node, or MAX_ROWS rows in all, the rest share one box of hidden nodes. The tree
+is at most MAX_DEPTH boxes deep (so the picture stays within a text column's width): the
+subtrees that would go deeper share one such box in the last column.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from minillm.trace import CacheNode, PrefixCacheSnapshot
 
 MAX_CHILDREN, MAX_ROWS = 16, 40
+MAX_DEPTH = 4  # columns of boxes: 4 x 180 px + the root is 784 px, within svg.MAX_WIDTH
 RECENCY = ("#E3F1FA", "#BFE0F4", "#8FC8EC", "#5AA9DD")  # hatch colours, least to most recent
 
 
@@ -81,6 +84,8 @@ def layout(roots: list[Box]) -> list[Box]:
             ranked = sorted(boxes, key=lambda b: (not b.nodes[0].ref_count, -b.last_used))
             kept = {id(b) for b in ranked[:MAX_CHILDREN - 1]}
             shown = [b for b in boxes if id(b) in kept]
+        if depth == MAX_DEPTH - 1 and any(b.children for b in boxes):
+            shown = []  # a subtree would go past the last column: one box names them all
         placed = []
         for box in shown:
             if next_row >= MAX_ROWS:
