@@ -173,7 +173,8 @@ def test_step_changes_the_picture_and_state_round_trips(make) -> None:
     view.step = 99
     assert view.step == 3  # clamped to the trace
     bundle = view._repr_mimebundle_()
-    assert bundle["text/html"].startswith("<div><svg") and "<svg" in bundle["text/html"]
+    assert bundle["text/html"].startswith('<div class="minillm-view"')
+    assert f'<div class="mv-picture">{view.to_svg()}</div>' in bundle["text/html"]
     assert bundle["text/plain"].startswith(type(view).__name__)
 
     widget = view.widget()

@@ -169,7 +169,7 @@ def test_step_selects_the_snapshot_and_the_slider_replays() -> None:
     widget.values = {"step": 1}
     assert widget.svg != first and "Prefix cache at step 1 (2 of 3)" in widget.svg
     bundle = view._repr_mimebundle_()
-    assert bundle["text/html"] == f"<div>{view.to_svg()}</div>"
+    assert f'<div class="mv-picture">{view.to_svg()}</div>' in bundle["text/html"]
 
 
 def test_steps_without_data_and_an_empty_cache_say_so() -> None:

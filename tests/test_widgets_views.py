@@ -148,7 +148,7 @@ def test_kv_controls_change_the_picture_and_state_round_trips() -> None:
 def test_mimebundle_and_widget(make: type) -> None:
     view = make()
     bundle = view._repr_mimebundle_()
-    assert "<svg" in bundle["text/html"] and bundle["text/html"] == f"<div>{view.to_svg()}</div>"
+    assert f'<div class="mv-picture">{view.to_svg()}</div>' in bundle["text/html"]
     widget = view.widget()
     assert widget.svg == view.to_svg() and widget.values == view.get_state()
     names = {c["name"] for c in widget.controls}

@@ -9,8 +9,10 @@ API (small and stable; the trace views, the roofline and the KV calculator build
   options, label=None)``. ``get_state()`` returns ``{name: value}`` for those attributes and
   ``set_state(state)`` sets them through ``setattr`` (so a property may validate or clamp).
   Override ``get_state``/``set_state`` only if the state is not plain attributes.
-- ``View._repr_mimebundle_()`` gives ``text/html`` (``<div>`` + the SVG) and ``text/plain``, so
-  a notebook shows a picture in JupyterLab, on GitHub, on the static site and in nbval runs.
+- ``View._repr_mimebundle_()`` gives ``text/html`` and ``text/plain``, so a notebook shows a
+  picture in JupyterLab, on GitHub, on the static site and in nbval runs. The HTML also
+  carries the pictures of the states ``offline_controls()`` names and an inline script that
+  replays them (``widgets.offline``), so the controls work on a page with no kernel.
 - ``View.widget()`` returns a ``ViewWidget`` (an ``anywidget.AnyWidget``): the same picture
   above its controls. Its synced traits are ``svg`` (the picture), ``controls`` (the list
   above) and ``values`` (the state dict). Moving a control sets ``values``; Python then calls
@@ -27,6 +29,8 @@ from typing import Any
 
 import anywidget
 import traitlets
+
+from widgets import offline
 
 STATIC = Path(__file__).parent / "static"
 
@@ -72,13 +76,27 @@ class View:
         for name, value in state.items():
             setattr(self, name, value)
 
+    def offline_controls(self) -> list[tuple[dict[str, Any], list[Any]]]:
+        """The controls a page without a kernel keeps, each with the values it precomputes
+        (widgets.offline): by default a "step" slider at up to MAX_STEPS evenly spaced steps
+        and every dropdown of up to 4 options; other controls keep their value. A view with a
+        larger state space overrides it to offer a few values of one or two controls."""
+        state, axes = self.get_state(), []
+        for c in self.controls():
+            if c["kind"] == "range" and c["name"] == "step":
+                steps = list(range(int(c["min"]), int(c["max"]) + 1, int(c["step"])))
+                axes.append((c, offline.spaced(steps, state["step"], offline.MAX_STEPS)))
+            elif c["kind"] == "select" and len(c["options"]) <= 4:
+                axes.append((c, [value for _, value in c["options"]]))
+        return axes
+
     def widget(self) -> ViewWidget:
         """An interactive widget for JupyterLab that edits this view's state."""
         return ViewWidget(self)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None,
                           **kwargs: Any) -> dict[str, str]:
-        return {"text/html": f"<div>{self.to_svg()}</div>", "text/plain": repr(self)}
+        return {"text/html": offline.offline_html(self), "text/plain": repr(self)}
 
     def __repr__(self) -> str:
         state = ", ".join(f"{k}={v!r}" for k, v in self.get_state().items())
