@@ -62,10 +62,10 @@ OWNER_COLORS: tuple[str, ...] = (
     PALETTE["blue"], PALETTE["vermillion"], PALETTE["reddish_purple"],
 )
 
-# The widest intrinsic width (px) of a view's picture: the batch timeline's 810. A page's text column
-# is ~690 px on a laptop (Jupyter Book at 1280 px) and ~360 px on a phone; every picture shrinks
-# to its column (svg() below), and a wider layout would shrink its 9-11 px text below legibility
-# there, so views wrap or summarise rather than draw wider than this.
+# The widest intrinsic width (px) of a view's picture: the batch timeline's 810. A page's text
+# column is ~690 px on a laptop (Jupyter Book at 1280 px) and ~360 px on a phone; every picture
+# shrinks to its column (svg() below), and a wider layout would shrink its 9-11 px text below
+# legibility there, so views wrap or summarise rather than draw wider than this.
 MAX_WIDTH = 820
 
 # Pictures keep their width/height attributes (their size where there is room, and in viewers
