@@ -24,6 +24,7 @@ from minillm.sizing import (
     weight_bytes,
 )
 
+from . import offline
 from .base import View, dropdown, slider
 from .roofline import DTYPE_OPTIONS, Choice, PositiveInt, PositiveNumber
 from .svg import PALETTE, ROLE, hatch, legend, line, rect, svg, text
@@ -210,3 +211,11 @@ class KVCalculator(View):
                 slider("batch", 1, 256, label="sequences"),
                 dropdown("dtype_bytes", DTYPE_OPTIONS, label="weight dtype"),
                 dropdown("kv_dtype", KV_DTYPES, label="KV dtype")]
+
+    def offline_controls(self) -> list[tuple[dict, list]]:
+        """Without a kernel: the context at powers of two from 1k to 128k, a few batch sizes
+        and every KV dtype, for the model and GPU shown."""
+        context, batch, kv = self.controls()[2], self.controls()[3], self.controls()[5]
+        return [(context, offline.with_value([2 ** k for k in range(10, 18)], self.context_len)),
+                (batch, offline.with_value([1, 8, 16, 32, 64, 128, 256], self.batch)),
+                (kv, list(KV_DTYPES))]

@@ -48,6 +48,11 @@ def spaced(values: list[Any], keep: Any, count: int) -> list[Any]:
     return sorted(set(chosen) | {keep}, key=values.index)
 
 
+def with_value(values: list[Any], current: Any) -> list[Any]:
+    """values with current among them, in order (a calculator's offline slider stops)."""
+    return sorted(set(values) | {current})
+
+
 def encode(frames: list[str]) -> tuple[list[str], list[list[int]]]:
     """(pieces, indices): every distinct element of the frames once, and each frame as the
     indices of its elements, so that "".join(pieces[i] for i in frame) is the frame."""

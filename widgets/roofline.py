@@ -25,6 +25,7 @@ from minillm.roofline import (
     ridge_point,
 )
 
+from . import offline
 from .base import View, dropdown, slider
 from .svg import PALETTE, ROLE, circle, group, line, polyline, rect, svg, text
 
@@ -285,3 +286,11 @@ class RooflineExplorer(View):
                 slider("prompt_len", 16, 32768, step=16, label="prompt tokens"),
                 slider("context_len", 16, 32768, step=16, label="decode context"),
                 dropdown("dtype_bytes", DTYPE_OPTIONS, label="dtype")]
+
+    def offline_controls(self) -> list[tuple[dict, list]]:
+        """Without a kernel: every datasheet GPU (this machine only if it is the one shown:
+        its peaks are measured) and the decode batch at powers of two."""
+        hardware, batch = self.controls()[0], self.controls()[2]
+        gpus = [*HARDWARE] + ([THIS_MACHINE] if self.hardware == THIS_MACHINE else [])
+        return [(hardware, gpus), (batch, offline.with_value([2 ** k for k in range(11)],
+                                                             self.batch))]
