@@ -7,8 +7,11 @@ allowing 1 px of rounding: no cell output's picture (a view's <svg>, a matplotli
 wider than the column or reaches past its right edge; no picture's text runs past its own
 viewBox (it would be cut off); no output with a picture scrolls sideways (the theme gives
 outputs overflow:auto, so an overflowing picture hides behind a scroll bar rather than widening
-the page); and the page itself does not scroll sideways at 390 px. A screenshot of each page's
-widest picture at each width goes to /tmp/widget-shots for a person to look at.
+the page); and the page itself does not scroll sideways at 390 px. The views' offline
+controls (widgets/offline.py) are then moved to their last value, every slider and dropdown of
+the page, and the pictures they swap in are measured again (a later step of a trace can draw a
+wider picture). A screenshot of each page's widest picture at each width goes to
+/tmp/widget-shots for a person to look at.
 
 Skips when the site has not been built, unless MINILLM_SITE names the built site (as .ci/run
 does), in which case a missing site fails.
@@ -79,6 +82,23 @@ MEASURE = """() => {
 }"""
 
 
+# Every offline control in the outputs to its last value: ranges get an input event, dropdowns
+# a change event, as a reader's moves would; returns how many controls moved.
+MOVE_CONTROLS = """() => {
+  const inputs = [...document.querySelectorAll(".cell_output input[type=range]")];
+  const selects = [...document.querySelectorAll(".cell_output select")];
+  inputs.forEach((el) => { el.value = el.max; el.dispatchEvent(new Event("input")); });
+  selects.forEach((el) => {
+    el.selectedIndex = el.options.length - 1;
+    el.dispatchEvent(new Event("change"));
+  });
+  return inputs.length + selects.length;
+}"""
+# The views whose script has built its controls (data-ready="1") and those that carry one.
+VIEWS_READY = """() => [document.querySelectorAll(".minillm-view[data-ready='1']").length,
+  document.querySelectorAll(".minillm-view script.mv-data").length]"""
+
+
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     with serve_directory(SITE) as base:
@@ -132,11 +152,15 @@ def test_pictures_fit_the_column(chapter: str, viewport: str, url: str, browser:
     width, height = VIEWPORTS[viewport]
     with offline_page(browser, width=width, height=height) as (page, errors, blocked):
         page.goto(f"{url}/{chapter}.html", wait_until="load")
+        page.wait_for_function(f"({VIEWS_READY})().reduce((a, b) => a === b)")
         m = page.evaluate(MEASURE)
         shoot(page, m, f"fit-{chapter}-{viewport}", tmp_path)
         assert m["pictures"], f"{chapter}: no pictures in the outputs"
         bad = misfits(m)
         assert not bad, f"{chapter} at {width} px:\n" + "\n".join(bad)
+        if page.evaluate(MOVE_CONTROLS):
+            bad = misfits(page.evaluate(MEASURE))
+            assert not bad, f"{chapter} at {width} px, controls moved:\n" + "\n".join(bad)
         if viewport == "phone":
             assert m["pageWidth"] <= m["innerWidth"] + ROUNDING, (
                 f"{chapter}: the page scrolls sideways at {width} px "
