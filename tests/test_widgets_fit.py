@@ -51,6 +51,15 @@ def pool_trace(num_blocks: int, num_requests: int, swaps: bool = False) -> list[
                        waiting_cause="blocks", **extra)]
 
 
+def long_tables_trace() -> list[StepRecord]:
+    """A 128-block pool (tables beside the grid) whose 4 requests hold 30 blocks each (their
+    rows end in "+16"), as 30 short requests finish and 12 are preempted in the step."""
+    tables = {f"long{i}": list(range(30 * i, 30 * i + 30)) for i in range(4)}
+    running = [entry(rid, "decode", 1, 470) for rid in tables]
+    gone = [f"request-{i}" for i in range(42)]
+    return [StepRecord(0, 0.0, 1.0, running, 8, tables, finished=gone[:30], preempted=gone[30:])]
+
+
 def long_trace(num_steps: int, num_requests: int) -> list[StepRecord]:
     """num_steps steps in which 3 of num_requests requests decode at a time, in turn."""
     per = max(num_steps // num_requests, 1)
@@ -96,6 +105,8 @@ VIEWS: dict[str, Callable[[], View]] = {
     "block table, 8 blocks": lambda: BlockTableView(pool_trace(8, 0), num_blocks=8,
                                                     block_size=16),
     "block table, 128 blocks": lambda: BlockTableView(pool_trace(128, 12), num_blocks=128),
+    "block table, long tables, many finished": lambda: BlockTableView(long_tables_trace(),
+                                                                      num_blocks=128),
     "block table, 512 blocks": lambda: BlockTableView(pool_trace(512, 40), num_blocks=512),
     "block table, 512 blocks, swaps": lambda: BlockTableView(pool_trace(512, 40, swaps=True),
                                                              num_blocks=512),

@@ -25,7 +25,11 @@ from widgets.pressure import CAUSE_TEXT, has_swaps, host_panel_svg, records_wait
 
 CELL = 26  # px per block in the grid (labelled with its id)
 SMALL_CELL = 12  # px per block once the pool has more than 128 blocks (no labels)
-TABLES_GAP, TABLES_W = 24, 360  # px between the grid and the block tables; the tables' width
+TABLE_BLOCKS, TABLE_CELL = 14, 16  # blocks drawn of each block table (then "+N"), px each
+TABLE_LABEL_W = 130  # px of a table row's colour, request id and phase before its blocks
+TABLES_W = TABLE_LABEL_W + TABLE_BLOCKS * TABLE_CELL + 30  # 384 px: the "+N" fits after them
+TABLES_GAP = 16  # px between the grid and the tables beside it: 16 x 26 + 16 + 384 = 816
+NOTE_CHARS = 70  # characters of the step's preempted/finished note: 384 px of 10 px text
 MAX_DRAWN_BLOCKS = 2048  # larger pools show their first blocks only
 MAX_TABLE_ROWS = 16  # request block tables listed beside the grid
 HATCH_ID = "minillm-cached-hatch"
@@ -38,6 +42,20 @@ def grid_shape(drawn: int) -> tuple[int, int]:
     if drawn <= 128:
         return CELL, min(drawn, 16)
     return SMALL_CELL, 32 if drawn <= 1024 else 64
+
+
+def named(ids: Sequence[str], room: int) -> str:
+    """Request ids as a list of at most room characters: the first ones and a count of the
+    rest (a step that finishes dozens of requests keeps its note within the picture)."""
+    shown: list[str] = []
+    for rid in ids:
+        left = len(ids) - len(shown) - 1
+        text = ", ".join([*shown, rid]) + (f" and {left} more" if left else "")
+        if shown and len(text) > room:
+            break
+        shown.append(rid)
+    rest = len(ids) - len(shown)
+    return ", ".join(shown) + (f" and {rest} more" if rest else "")
 
 
 def request_colors(trace: Sequence[StepRecord]) -> dict[str, str]:
@@ -230,16 +248,18 @@ class BlockTableView(TraceView):
             out.append(s.rect(x, ty - 10, 10, 10, self.colors.get(rid, s.ROLE["grid"])))
             out.append(s.text(x + 14, ty, f"req {rid}{done}", size=10))
             out.append(s.text(x + 74, ty, what, size=9, fill=s.ROLE["grid"]))
-            out.append(self._table_row(snap, table, x + 130, ty - 12))
+            out.append(self._table_row(snap, table, x + TABLE_LABEL_W, ty - 12))
         more = len(rec.block_tables) - MAX_TABLE_ROWS
         ny = y + 18 * (min(len(rec.block_tables), MAX_TABLE_ROWS) + 1)
         if more > 0:
             out.append(s.text(x, ny, f"… and {more} more requests", size=10))
         recomputed = [rid for rid in rec.preempted if rid not in rec.swapped_out]
         label = "preempted (recompute)" if self.swaps else "preempted"
-        notes = [f"{label}: {', '.join(recomputed)}" if recomputed else "",
-                 f"finished ✓: {', '.join(rec.finished)}" if rec.finished else ""]
-        out.append(s.text(x, ny + 16, "   ".join(n for n in notes if n), size=10,
+        parts = [(label, recomputed), ("finished ✓", rec.finished)]
+        parts = [(what, ids) for what, ids in parts if ids]
+        room = NOTE_CHARS // max(len(parts), 1) - 3  # 3: the gap between two notes
+        notes = [f"{what}: {named(ids, room - len(what) - 2)}" for what, ids in parts]
+        out.append(s.text(x, ny + 16, "   ".join(notes), size=10,
                           fill=s.ROLE["preempted"] if recomputed else s.ROLE["text"]))
         return "".join(out)
 
@@ -251,14 +271,14 @@ class BlockTableView(TraceView):
                       class_="waiting-cause")
 
     def _table_row(self, snap: PoolSnapshot, table: list[int], x: float, y: float) -> str:
-        shown = table[:14]
-        row = "".join(self._block_cell(snap, b, x + 16 * i, y, 16, label=False)
-                      + s.text(x + 16 * i + 8, y + 11, b, size=7, anchor="middle",
+        shown, w = table[:TABLE_BLOCKS], TABLE_CELL
+        row = "".join(self._block_cell(snap, b, x + w * i, y, w, label=False)
+                      + s.text(x + w * i + w / 2, y + 11, b, size=7, anchor="middle",
                                pointer_events="none",
                                fill=s.text_color_on(self._fill(snap, b)))
                       for i, b in enumerate(shown))
         if len(table) > len(shown):
-            row += s.text(x + 16 * len(shown) + 4, y + 11, f"+{len(table) - len(shown)}", size=9)
+            row += s.text(x + w * len(shown) + 4, y + 11, f"+{len(table) - len(shown)}", size=9)
         return row
 
     def _footer_svg(self, snap: PoolSnapshot, y: float) -> str:
