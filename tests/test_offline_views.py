@@ -142,3 +142,23 @@ def test_moving_a_control_shows_pythons_picture_of_that_state(trace, tmp_path: P
             assert box.locator(".mv-picture").inner_html() != before, "the picture changed"
             assert box.locator(".mv-picture svg").count() == 1
         assert errors == [] and blocked == [], (errors, blocked)
+
+
+def test_without_scripts_the_page_shows_the_pictures(trace, tmp_path: Path) -> None:
+    """GitHub's notebook viewer and nbval run no scripts: the picture of the current state is
+    still there, and no control is."""
+    from browser_support import headless_chromium, require_browser, serve_directory
+
+    require_browser()
+    views = [BatchTimeline(trace), KVCalculator()]
+    page_of(views, tmp_path / "static.html")
+    with serve_directory(tmp_path) as url, headless_chromium() as browser:
+        context = browser.new_context(java_script_enabled=False)
+        page = context.new_page()
+        page.goto(f"{url}/static.html", wait_until="load")
+        assert page.locator(".mv-picture svg").count() == len(views)
+        assert page.locator(".mv-controls").count() == 0
+        for k, view in enumerate(views):
+            box = page.locator(".mv-picture svg").nth(k).bounding_box()
+            assert box and box["width"] > 100, type(view).__name__
+        context.close()
