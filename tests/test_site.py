@@ -12,44 +12,17 @@ names the built site (as .ci/run does), in which case a missing site fails.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_support import (  # noqa: E402
-    check_painted,
-    headless_chromium,
-    offline_page,
-    require_browser,
-    serve_directory,
-)
+from browser_support import check_painted, offline_page
+from site_support import BOOK, CHAPTERS, SITE, chromium, require_site, served_site  # noqa: F401
 
-BOOK = Path(__file__).resolve().parents[1] / "chapters"
-SITE = Path(os.environ.get("MINILLM_SITE") or BOOK / "_build" / "html")
-CHAPTERS = re.findall(r"file:\s*(\d\d_\w+)", (BOOK / "_toc.yml").read_text())
 COURSE_PAGES = ["learning_path", "notation", "glossary", "instructor_guide", "solutions"]
 
-if not (SITE / "intro.html").is_file():
-    if os.environ.get("MINILLM_SITE"):
-        raise FileNotFoundError(f"MINILLM_SITE={SITE} holds no built site (intro.html)")
-    pytest.skip("the site is not built: pip install -e '.[book,docs]' && jupyter-book build "
-                "chapters/", allow_module_level=True)
-require_browser()
+require_site()
 
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with serve_directory(SITE) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    """One headless Chromium for the module."""
-    with headless_chromium() as chromium:
-        yield chromium
 
 
 def test_the_toc_lists_every_chapter_notebook() -> None:

@@ -19,32 +19,16 @@ does), in which case a missing site fails.
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_support import (  # noqa: E402
-    check_painted,
-    headless_chromium,
-    offline_page,
-    require_browser,
-    serve_directory,
-)
+from browser_support import check_painted, offline_page
+from site_support import CHAPTERS, chromium, require_site, served_site  # noqa: F401
 
-BOOK = Path(__file__).resolve().parents[1] / "chapters"
-SITE = Path(os.environ.get("MINILLM_SITE") or BOOK / "_build" / "html")
-CHAPTERS = re.findall(r"file:\s*(\d\d_\w+)", (BOOK / "_toc.yml").read_text())
 VIEWPORTS = {"laptop": (1280, 900), "phone": (390, 844)}
 ROUNDING = 1  # px: element boxes are fractional, the column's edges are not always
 
-if not (SITE / "intro.html").is_file():
-    if os.environ.get("MINILLM_SITE"):
-        raise FileNotFoundError(f"MINILLM_SITE={SITE} holds no built site (intro.html)")
-    pytest.skip("the site is not built: pip install -e '.[book,docs]' && jupyter-book build "
-                "chapters/", allow_module_level=True)
-require_browser()
+require_site()
 
 # The boxes the test asserts on, measured in the page: the column, each picture (top-level
 # <svg>s of the outputs, not icons inside buttons, and <img>s), the furthest its texts reach
@@ -98,18 +82,6 @@ MOVE_CONTROLS = """() => {
 VIEWS_READY = """() => [document.querySelectorAll(".minillm-view[data-ready='1']").length,
   document.querySelectorAll(".minillm-view script.mv-data").length]"""
 
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with serve_directory(SITE) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    """One headless Chromium for the module."""
-    with headless_chromium() as chromium:
-        yield chromium
 
 
 def misfits(m: dict) -> list[str]:

@@ -10,28 +10,19 @@ printed and kept under PAGE_BUDGET. Skips like tests/test_site.py when the site 
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from browser_support import headless_chromium, offline_page, require_browser, serve_directory
+from browser_support import offline_page
+from site_support import CHAPTERS, SITE, chromium, require_site, served_site  # noqa: F401
 
 from widgets import offline
 
-BOOK = Path(__file__).resolve().parents[1] / "chapters"
-SITE = Path(os.environ.get("MINILLM_SITE") or BOOK / "_build" / "html")
-CHAPTERS = re.findall(r"file:\s*(\d\d_\w+)", (BOOK / "_toc.yml").read_text())
 TRACE_VIEWS = ("BatchTimeline", "BlockTableView", "PrefixCacheView")
 CALCULATORS = ("RooflineExplorer", "KVCalculator")
 PAGE_BUDGET = 2_500_000  # bytes the views of one chapter page may add (see view_bytes)
 
-if not (SITE / "intro.html").is_file():
-    if os.environ.get("MINILLM_SITE"):
-        raise FileNotFoundError(f"MINILLM_SITE={SITE} holds no built site (intro.html)")
-    pytest.skip("the site is not built", allow_module_level=True)
-require_browser()
+require_site()
 
 VIEW = re.compile(r'<div class="minillm-view" data-view="(\w+)">.*?'
                   r'<script type="application/octet-stream" class="mv-data">([^<]+)</script>'
@@ -46,16 +37,6 @@ def view_bytes(html: str) -> dict[str, int]:
             "scripts": sum(len(s) for _, _, s in views)}
 
 
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with serve_directory(SITE) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with headless_chromium() as chromium:
-        yield chromium
 
 
 def test_page_weight_of_the_views() -> None:
