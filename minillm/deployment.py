@@ -10,13 +10,14 @@ stands for all of them, and the fleet's goodput is replicas times its own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from minillm import parallel
 from minillm.hardware import Hardware, get_hardware
-from minillm.metrics import Summary, meets_slo
+from minillm.metrics import Summary, meets_slo, percentile
 from minillm.models import ModelLike
 from minillm.simulator import SimulationResult, simulate
 from minillm.sizing import cost_per_million_tokens
@@ -79,6 +80,12 @@ class DeploymentRun:
     @property
     def attainment(self) -> float:
         return self.shares["all"]
+
+
+def typical_length(workload: Sequence[RequestSpec]) -> int:
+    """Tokens of a typical sequence of workload, as the recipe sizes the KV cache and the chunk
+    for it: the 90th percentile of prompt + output."""
+    return math.ceil(percentile([s.prompt_len + s.output_len for s in workload], 90))
 
 
 def replica_share(workload: Sequence[RequestSpec], replicas: int) -> Workload:

@@ -38,6 +38,7 @@ from minillm.deployment import (
     attainment,
     replica_share,
     run_deployment,
+    typical_length,
 )
 from minillm.hardware import Hardware, get_hardware
 from minillm.metrics import Summary, percentile
@@ -112,7 +113,7 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
     _check_inputs(workload, slo, gpus, attainment_target, sim_requests)
     overheads = _check_overheads(overheads)
     totals = [s.prompt_len + s.output_len for s in workload]
-    longest, typical = max(totals), math.ceil(percentile(totals, 90))
+    longest, typical = max(totals), typical_length(workload)
     reasoning: list[str] = []
     layout = choose_layout(config, device, gpus, longest, reasoning)
     seqs = choose_max_num_seqs(config, device, layout, typical, reasoning)
@@ -342,7 +343,7 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
         best = keep_better(best, run(layout, other, budget))
     for other in (max(budget // 2, MIN_BATCHED_TOKENS), min(budget * 2, MAX_BATCHED_TOKENS)):
         best = keep_better(best, run(layout, best.deployment.max_num_seqs, other))
-    typical = math.ceil(percentile([s.prompt_len + s.output_len for s in workload], 90))
+    typical = typical_length(workload)
     wider_tps = [] if layout.pipeline_parallel_size > 1 else [
         t for t in _tp_options(config, device, gpus) if t > layout.tensor_parallel_size]
     for tp in wider_tps:

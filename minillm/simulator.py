@@ -139,7 +139,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
         if pipelined:  # p batches in flight, one per virtual engine
             from minillm.virtual_engines import run_pipelined  # it builds on this module
 
-            requests, trace, stats, _ = run_pipelined(mc, hardware, config, layout, workload,
+            requests, trace, stats = run_pipelined(mc, hardware, config, layout, workload,
                                                       make_engine)
         else:
             sim = make_engine(config, step_time)

@@ -80,12 +80,11 @@ def fewest_unfinished(spec: RequestSpec, engines: list[ReplicaView]) -> int:
 
 def run_pipelined(model: ModelConfig, hw: Any, config: EngineConfig,
                   layout: parallel.ParallelConfig, workload: Sequence[RequestSpec],
-                  make_engine: Any) -> tuple[list[Request], list[StepRecord], dict[str, int],
-                                             EngineConfig]:
+                  make_engine: Any) -> tuple[list[Request], list[StepRecord], dict[str, int]]:
     """Serve workload on layout.pipeline_parallel_size virtual engines, each given config with
     1/p of its KV blocks; make_engine(config, step_time) -> Simulator. Returns the requests in
-    workload order, every engine's steps in order of start (renumbered), the engines' counters
-    summed, and one engine's config."""
+    workload order, every engine's steps in order of start (renumbered), and the engines'
+    counters summed."""
     p = layout.pipeline_parallel_size
     assert config.num_kv_blocks is not None
     share = dataclasses.replace(config, num_kv_blocks=config.num_kv_blocks // p)
@@ -104,4 +103,4 @@ def run_pipelined(model: ModelConfig, hw: Any, config: EngineConfig,
     for engine in engines:
         for key, value in engine.stats().items():
             stats[key] = stats.get(key, 0) + value
-    return requests, trace, stats, share
+    return requests, trace, stats

@@ -150,10 +150,11 @@ def _deployment(answer: Any) -> Any:
 def _check_fits(scenario: Any, deployment: Any) -> Any:
     from minillm import parallel
     from minillm.capstone import evaluate
+    from minillm.deployment import GPU_MEMORY_UTILIZATION
 
     layout = deployment.layout
     weights = parallel.weight_bytes_per_gpu(scenario.model, layout)
-    usable = scenario.hardware.memory * 0.9
+    usable = scenario.hardware.memory * GPU_MEMORY_UTILIZATION
     assert weights < usable, (
         f"at TP {layout.tensor_parallel_size} x PP {layout.pipeline_parallel_size} the weights "
         f"alone take {weights / 1e9:.1f} GB per GPU of {usable / 1e9:.0f} GB usable: split the "
@@ -167,12 +168,11 @@ def _check_fits(scenario: Any, deployment: Any) -> Any:
 def _failure_hint(scenario: Any, deployment: Any, run: Any) -> str:
     """Why a deployment misses the SLO, from the metric that fails most and the knobs."""
     from minillm import parallel
-    from minillm.metrics import percentile
+    from minillm.deployment import GPU_MEMORY_UTILIZATION, typical_length
 
     layout, slo = deployment.layout, scenario.slo
     shares = ", ".join(f"{name.upper()} {run.shares[name]:.0%}" for name in slo)
-    totals = [spec.prompt_len + spec.output_len for spec in scenario.workload()]
-    typical = math.ceil(percentile(totals, 90))  # the context of a late decode, as step 3
+    typical = typical_length(scenario.workload())  # the context of a late decode, as step 3
     lines = [f"{run.attainment:.0%} of requests meet the SLO, 90% must ({shares} meet each "
              "bound)"]
     if run.shares.get("tpot", 1) < 0.9:
@@ -186,7 +186,8 @@ def _failure_hint(scenario: Any, deployment: Any, run: Any) -> str:
             f"a bound of {slo['tpot'] * 1e3:.0f} ms; every decode in that step waits for it. "
             "Pick max_num_batched_tokens from the mixed step (the recipe's step 3)")
     if run.shares.get("ttft", 1) < 0.9:
-        room = parallel.max_concurrency(scenario.model, scenario.hardware, layout, typical, 0.9)
+        room = parallel.max_concurrency(scenario.model, scenario.hardware, layout, typical,
+                                        GPU_MEMORY_UTILIZATION)
         lines.append(
             f"TTFT: prompts queue. At TP {layout.tensor_parallel_size} x PP "
             f"{layout.pipeline_parallel_size} the KV cache holds {room} sequences of typical "
@@ -196,7 +197,7 @@ def _failure_hint(scenario: Any, deployment: Any, run: Any) -> str:
     narrower = parallel.ParallelConfig(layout.tensor_parallel_size // 2,
                                        layout.pipeline_parallel_size)
     if (layout.tensor_parallel_size > 1 and parallel.max_concurrency(
-            scenario.model, scenario.hardware, narrower, typical, 0.9) >= 4):
+            scenario.model, scenario.hardware, narrower, typical, GPU_MEMORY_UTILIZATION) >= 4):
         lines.append(
             f"TP {layout.tensor_parallel_size} where TP {narrower.tensor_parallel_size} already "
             "holds the weights and the K/V of many sequences: the wider TP buys a little "
