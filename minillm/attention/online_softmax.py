@@ -82,23 +82,35 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     scale, dt = D ** -0.5, compute_dtype(q)
     out = torch.empty_like(q)
     lse = torch.empty(H, T, dtype=dt, device=q.device)
-    for i0 in range(0, T, block_m):
-        i1 = min(i0 + block_m, T)
+    for (i0, i1), key_tiles in tile_schedule(T, S, causal, block_m, block_n):
         qi = q[:, i0:i1].to(dt) * scale  # (H, M, D)
         m = torch.full((H, i1 - i0), float("-inf"), dtype=dt, device=q.device)
         l = torch.zeros(H, i1 - i0, dtype=dt, device=q.device)
         acc = torch.zeros(H, i1 - i0, D, dtype=dt, device=q.device)
-        last_key = S - T + i1 if causal else S  # one past the last position this tile sees
-        for j0 in range(0, last_key, block_n):
-            j1 = min(j0 + block_n, last_key)
+        for j0, j1, diagonal in key_tiles:
             scores = qi @ k[:, j0:j1].to(dt).transpose(1, 2)  # (H, M, n): the only score tile
-            if causal and j1 > S - T + i0 + 1:  # the diagonal: some keys are in some rows' future
+            if diagonal:
                 visible = causal_mask(T, S, q.device)[i0:i1, j0:j1]
                 scores = scores.masked_fill(~visible, float("-inf"))
             m, l, acc = update(m, l, acc, scores, v[:, j0:j1].to(dt))
         out[:, i0:i1] = (acc / l[..., None]).to(q.dtype)
         lse[:, i0:i1] = m + torch.log(l)
     return (out, lse) if return_lse else out
+
+
+def tile_schedule(T: int, S: int, causal: bool = True, block_m: int = 64, block_n: int = 64
+                  ) -> list[tuple[tuple[int, int], list[tuple[int, int, bool]]]]:
+    """The order tiled_attention visits its tiles in: for each query tile (i0, i1), its key tiles
+    (j0, j1, diagonal). Causal: a query tile's keys stop at its last row's position; diagonal
+    is True for the tiles where some key lies in some row's future (only those need a mask)."""
+    schedule = []
+    for i0 in range(0, T, block_m):
+        i1 = min(i0 + block_m, T)
+        last_key = S - T + i1 if causal else S  # one past the last position this tile sees
+        keys = [(j0, min(j0 + block_n, last_key), causal and min(j0 + block_n, last_key)
+                 > S - T + i0 + 1) for j0 in range(0, last_key, block_n)]
+        schedule.append(((i0, i1), keys))
+    return schedule
 
 
 def merge_splits(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
