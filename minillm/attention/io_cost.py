@@ -1,0 +1,175 @@
+"""Attention as an IO problem: the bytes it moves, measured here and counted for a GPU.
+
+peak_memory measures what a function allocates on this machine, from torch's own allocator
+events. hbm_bytes_naive and hbm_bytes_tiled count the bytes a GPU moves between its HBM and its
+on-chip SRAM for one attention forward pass, as the IO analysis of FlashAttention does
+{dao2022flashattention}; attention_cost prices both on a Hardware's roofline. MEASURED_H200 holds
+what our Triton kernels reached on an H200.
+
+Shapes: N tokens attend to N keys (a prefill, not causal: the count of the paper), D head dim, H
+heads; dtype_bytes is the size of one element of Q, K, V, the scores and O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minillm.hardware import Hardware, get_hardware
+
+# Shared memory (the SRAM a kernel's tiles live in) per streaming multiprocessor, in bytes.
+# A100: 192 KB of L1/shared memory per SM, as FlashAttention's paper gives it (its section 2.1).
+# Hopper (H100, H200): up to 228 KB of shared memory per SM (NVIDIA's Hopper tuning guide).
+SRAM_PER_SM: dict[str, int] = {
+    "A100-40GB": 192 * 1024, "A100-80GB": 192 * 1024,
+    "H100-SXM": 228 * 1024, "H100-PCIe": 228 * 1024, "H200": 228 * 1024,
+}
+
+
+def peak_memory(fn: Callable[..., object], *args: object, **kwargs: object) -> int:
+    """The most CPU memory fn(*args, **kwargs) holds at once, in bytes, above what was live
+    when it started: the running maximum of torch's allocation (+) and free (-) events, taken
+    in the order the profiler recorded them. Tensors allocated before the call (the inputs)
+    do not count; the result does, while it is live. Exact for torch tensors, and the same on
+    every run; memory outside torch's allocator (Python objects, NumPy) is not seen."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args, **kwargs)
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _check(N: int, D: int, H: int, dtype_bytes: float) -> None:
+    for name, value in (("N", N), ("D", D), ("H", H)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not dtype_bytes > 0:
+        raise ValueError(f"dtype_bytes must be > 0 (2 for bf16), got {dtype_bytes!r}")
+
+
+def hbm_bytes_naive(N: int, D: int, H: int, dtype_bytes: float) -> float:
+    """Bytes standard attention moves through HBM: 4·N·D + 4·N² elements per head.
+
+    The three kernels of the paper's Algorithm 0: S = Q Kᵀ reads Q and K (2·N·D) and writes
+    S (N²); P = softmax(S) reads S and writes P (2·N²); O = P V reads P and V (N² + N·D) and
+    writes O (N·D). The N² terms dominate from N > D on.
+    """
+    _check(N, D, H, dtype_bytes)
+    return H * dtype_bytes * (4 * N * D + 4 * N * N)
+
+
+def tile_rows(D: int, dtype_bytes: float, sram_bytes: int) -> int:
+    """Rows B of the square tiles a program holds in sram_bytes: the query tile Qᵢ, the key and
+    value tiles Kⱼ, Vⱼ and the output accumulator Oᵢ, four B × D tiles (the B × B scores stay in
+    registers). B = ⌊M / (4·D·dtype_bytes)⌋, the paper's M/(4d) with M in bytes."""
+    rows = int(sram_bytes // (4 * D * dtype_bytes))
+    if rows < 1:
+        raise ValueError(f"{sram_bytes} bytes of SRAM cannot hold four 1 x {D} tiles of "
+                         f"{dtype_bytes}-byte elements: give more SRAM or a smaller D")
+    return rows
+
+
+def hbm_bytes_tiled(N: int, D: int, H: int, dtype_bytes: float, sram_bytes: int) -> float:
+    """Bytes tiled (flash) attention moves through HBM, in our kernels' loop order.
+
+    Each program owns one query tile of B rows (tile_rows): it reads Qᵢ once, streams every key
+    and value tile past it, and writes Oᵢ once. Per head: N·D (Q) + N·D (O) + ⌈N/B⌉·2·N·D (K and
+    V, read again by each of the ⌈N/B⌉ query tiles) elements. With B ∝ M/D the re-reads are
+    Θ(N²·D²/M), FlashAttention's bound; the scores never reach HBM. Every re-read is counted as
+    an HBM read: pessimistic on a GPU whose L2 cache keeps the K/V tiles between programs.
+    """
+    _check(N, D, H, dtype_bytes)
+    query_tiles = math.ceil(N / tile_rows(D, dtype_bytes, sram_bytes))
+    return H * dtype_bytes * (2 * N * D + query_tiles * 2 * N * D)
+
+
+def attention_flops(N: int, D: int, H: int) -> float:
+    """FLOPs of the two matmuls, Q Kᵀ and P V: 2·N²·D each, per head (the softmax's few
+    operations per score are left out, as the roofline's peak counts matmuls only)."""
+    _check(N, D, H, 1)
+    return 4.0 * H * N * N * D
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    """One attention forward on one GPU's roofline: bytes through HBM, FLOPs, and the time each
+    takes at the datasheet's peak (seconds). The larger is the time it takes, at best."""
+
+    name: str
+    hbm_bytes: float
+    flops: float
+    memory_time: float
+    compute_time: float
+
+    @property
+    def time(self) -> float:
+        return max(self.memory_time, self.compute_time)
+
+    @property
+    def bound(self) -> Literal["memory", "compute"]:
+        return "memory" if self.memory_time > self.compute_time else "compute"
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte of HBM traffic."""
+        return self.flops / self.hbm_bytes
+
+
+def sram_bytes_of(hw: Hardware | str) -> int:
+    """SRAM_PER_SM of a GPU, with an error that names the known ones."""
+    name = get_hardware(hw).name
+    if name not in SRAM_PER_SM:
+        raise ValueError(f"no SRAM size for {name!r}; known: {', '.join(SRAM_PER_SM)}. "
+                         f"Pass sram_bytes explicitly")
+    return SRAM_PER_SM[name]
+
+
+def attention_cost(N: int, D: int, H: int, hw: Hardware | str, dtype_bytes: float = 2,
+                   sram_bytes: int | None = None) -> tuple[AttentionCost, AttentionCost]:
+    """(naive, tiled) costs of one forward pass of N x N attention on hw (modelled)."""
+    hw = get_hardware(hw)
+    sram = sram_bytes_of(hw) if sram_bytes is None else sram_bytes
+    flops = attention_flops(N, D, H)
+    counts = (("naive", hbm_bytes_naive(N, D, H, dtype_bytes)),
+              ("tiled", hbm_bytes_tiled(N, D, H, dtype_bytes, sram)))
+    return tuple(AttentionCost(name, nbytes, flops, nbytes / hw.bandwidth, flops / hw.flops)
+                 for name, nbytes in counts)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class KernelFigures:
+    """What our Triton attention kernels reached on one GPU, measured, and how.
+
+    decode_bandwidth: bytes/s of K/V the paged decode kernel read; prefill_flops: FLOP/s of the
+    extend kernel on a whole prompt. workload, software and commit say what measured them.
+    """
+
+    gpu: str
+    decode_bandwidth: float
+    prefill_flops: float
+    workload: str
+    software: str
+    commit: str
+
+    def fractions_of_peak(self) -> tuple[float, float]:
+        """(decode bandwidth / datasheet bandwidth, prefill FLOP/s / datasheet FLOP/s)."""
+        hw = get_hardware(self.gpu)
+        return self.decode_bandwidth / hw.bandwidth, self.prefill_flops / hw.flops
+
+
+# `python -m minillm.bench tiles` on an H200 chose the sm_90 tiles in minillm.attention.tiles
+# with these figures (its docstring), at the commit that recorded them.
+MEASURED_H200 = KernelFigures(
+    gpu="H200", decode_bandwidth=4431e9, prefill_flops=339e12,
+    workload="Llama-3-8B heads (32 query, 8 KV, D = 128), bf16; decode: batch 64 x 4k "
+             "context, 64-position tiles, 4 warps; prefill: one 4k prompt, 64 x 64 tiles, 4 warps",
+    software="Triton 3.6", commit="4aef808e00013d023db4cd3c035b416a4e8b4b0d")

@@ -1,0 +1,114 @@
+"""The IO cost of attention (minillm.attention.io_cost): the peak-memory probe is exact on known
+allocations, the HBM byte counts match hand counts of tiny cases, and the modelled traffic of
+naive attention outgrows the tiled one's as N grows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm.attention.io_cost import (
+    MEASURED_H200,
+    SRAM_PER_SM,
+    attention_cost,
+    attention_flops,
+    hbm_bytes_naive,
+    hbm_bytes_tiled,
+    peak_memory,
+    sram_bytes_of,
+    tile_rows,
+)
+from minillm.attention.online_softmax import naive_attention, tiled_attention
+
+pytestmark = pytest.mark.ch12  # attention as an IO problem
+
+MB = 1_000_000
+
+
+def test_peak_memory_is_exact_on_one_allocation() -> None:
+    assert peak_memory(torch.empty, 1000, 1000) == 4 * MB  # fp32: 4 bytes an element
+
+
+def test_peak_memory_sees_frees_in_order() -> None:
+    def allocate_free_allocate() -> torch.Tensor:
+        a = torch.empty(MB, dtype=torch.uint8)
+        b = torch.empty(2 * MB, dtype=torch.uint8)
+        del a  # freed before c exists: the peak is a + b, not a + b + c
+        c = torch.empty(MB // 2, dtype=torch.uint8)
+        return b, c
+
+    assert peak_memory(allocate_free_allocate) == 3 * MB
+
+
+def test_peak_memory_leaves_out_what_was_live_before() -> None:
+    x = torch.empty(MB, dtype=torch.uint8)
+    assert peak_memory(torch.Tensor.clone, x) == MB  # the copy, not the input
+    assert peak_memory(lambda t: t.add_(1), x) < 64  # in place: only the scalar 1 as a tensor
+
+
+def test_peak_memory_is_deterministic_and_quadratic_for_naive_attention() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 256, 16) for _ in range(3))
+    first = peak_memory(naive_attention, q, k, v, False)
+    assert peak_memory(naive_attention, q, k, v, False) == first
+    scores = 2 * 256 * 256 * 4  # one (H, T, S) fp32 tensor
+    assert scores <= first <= 3 * scores, "scores and probabilities, at most a third copy"
+    assert peak_memory(tiled_attention, q, k, v, False) < scores
+
+
+def test_naive_bytes_by_hand() -> None:
+    # N = 2, D = 3: read Q, K (12), write S (4), read S, write P (8), read P, V (4 + 6),
+    # write O (6): 40 elements of 2 bytes.
+    assert hbm_bytes_naive(2, 3, 1, 2) == 80
+    assert hbm_bytes_naive(2, 3, 5, 2) == 5 * 80
+
+
+def test_tiled_bytes_by_hand() -> None:
+    # 1,024 bytes of SRAM hold four 32 x 4 tiles of 2-byte elements: B = 32. N = 64: two query
+    # tiles, each reading all of K and V (2 x 64 x 4), plus Q and O once (2 x 64 x 4).
+    assert tile_rows(4, 2, 1024) == 32
+    per_head = 2 * 64 * 4 + 2 * (2 * 64 * 4)
+    assert hbm_bytes_tiled(64, 4, 2, 2, 1024) == 2 * 2 * per_head
+    # N = 65 needs a third query tile and a third pass over K and V.
+    assert hbm_bytes_tiled(65, 4, 1, 2, 1024) == 2 * (2 * 65 * 4 + 3 * (2 * 65 * 4))
+
+
+def test_flops_by_hand() -> None:
+    assert attention_flops(2, 3, 1) == 2 * (2 * 2 * 2 * 3)  # two matmuls of 2 x 3 x 2 MACs
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "H100-SXM"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_naive_over_tiled_grows_with_n(gpu: str, D: int) -> None:
+    sram = SRAM_PER_SM[gpu]
+    ratios = [hbm_bytes_naive(N, D, 32, 2) / hbm_bytes_tiled(N, D, 32, 2, sram)
+              for N in (2 ** e for e in range(8, 18))]
+    assert all(a < b for a, b in zip(ratios, ratios[1:])), ratios
+    # The limit 2B/D: both counts grow as N², tiling divides the constant by B / (2D).
+    limit = 2 * tile_rows(D, 2, sram) / D
+    assert ratios[-1] < limit and ratios[-1] > 0.9 * limit
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "H100-SXM"])
+def test_naive_is_memory_bound_and_tiled_compute_bound_at_long_n(gpu: str) -> None:
+    naive, tiled = attention_cost(16384, 64, 32, gpu)
+    assert naive.bound == "memory" and tiled.bound == "compute"
+    assert naive.flops == tiled.flops and naive.hbm_bytes > 5 * tiled.hbm_bytes
+    assert naive.time > 3 * tiled.time
+
+
+def test_invalid_inputs_name_the_value() -> None:
+    with pytest.raises(ValueError, match="N must be a positive int, got 0"):
+        hbm_bytes_naive(0, 64, 1, 2)
+    with pytest.raises(ValueError, match="dtype_bytes"):
+        hbm_bytes_tiled(64, 64, 1, 0, 1024)
+    with pytest.raises(ValueError, match="cannot hold four 1 x 64 tiles"):
+        hbm_bytes_tiled(64, 64, 1, 2, 256)
+    with pytest.raises(ValueError, match="no SRAM size for 'T4'"):
+        sram_bytes_of("T4")
+
+
+def test_measured_h200_fractions() -> None:
+    bandwidth, flops = MEASURED_H200.fractions_of_peak()
+    assert bandwidth == pytest.approx(4431 / 4800) and flops == pytest.approx(339 / 989)
+    assert len(MEASURED_H200.commit) == 40
