@@ -32,6 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "chapters"
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 COURSE_PAGES = ["learning_path", "notation", "glossary", "instructor_guide", "solutions"]
+# The engines the appendix maps the book's knobs onto, each with the bib entry of its docs.
+ENGINES = {"vLLM": "vllm2025docs", "SGLang": "sglang2025docs",
+           "TensorRT-LLM": "tensorrtllm2026docs", "TGI": "tgi2026docs",
+           "LMDeploy": "lmdeploy2026docs"}
 
 # The glossary's terms, exactly as the chapters link them with {term}`NAME`.
 TERMS = ["TTFT", "TPOT", "ITL", "E2E latency", "throughput", "goodput", "SLO", "prefill",
@@ -41,10 +45,11 @@ TERMS = ["TTFT", "TPOT", "ITL", "E2E latency", "throughput", "goodput", "SLO", "
          "chunked prefill", "token budget", "preemption", "KV wall", "GQA", "MQA", "seat",
          "percentile", "calibration", "CUDA graph", "admission", "swap", "priority",
          "tensor parallelism", "pipeline parallelism", "all-reduce", "pipeline bubble",
-         "disaggregation", "data parallelism"]
+         "disaggregation", "data parallelism", "online softmax", "log-sum-exp", "IO-aware",
+         "SRAM", "HBM", "FlashAttention", "split-KV"]
 # In a student handout (strip-solutions) the tests that read the solutions skip; the rest run.
 needs_solutions = pytest.mark.skipif(not has_solutions(), reason="a copy without the solutions")
-SYMBOLS = ["B", "T", "S", "H", "K", "D", "L", "E", "F", "V", "N", "P", "I", "O", "AI"]
+SYMBOLS = ["B", "T", "S", "H", "K", "D", "L", "E", "F", "V", "N", "P", "I", "O", "AI", "M"]
 
 
 def markdown_of(path: Path) -> str:
@@ -131,6 +136,45 @@ def test_the_instructor_guide_covers_schedule_grading_and_where_it_runs() -> Non
         assert needed.lower() in text.lower(), needed
     weeks = re.findall(r"^\| (\d+) \| \[", text, re.M)
     assert weeks == [str(n) for n in range(1, len(CHAPTERS) + 1)], "one chapter a week"
+
+
+def test_the_engines_appendix_names_each_knob_for_every_engine() -> None:
+    """appendix_engines.md is on the site and linked from the landing page and the README; each
+    engine's docs are cited; every table of its knob sections has a row for minillm and one per
+    engine; and the minillm names it gives are the engine's real ones (EngineConfig fields,
+    `minillm serve` flags, /metrics names), so the page cannot drift from the code."""
+    from dataclasses import fields
+
+    from minillm.config import EngineConfig
+
+    text = (BOOK / "appendix_engines.md").read_text()
+    assert "appendix_engines" in re.findall(r"file:\s*(\S+)", (BOOK / "_toc.yml").read_text())
+    assert "](appendix_engines.md)" in (BOOK / "intro.md").read_text()
+    assert "appendix_engines.md" in (ROOT / "README.md").read_text()
+    keys = set(re.findall(r"^@\w+\{([^,]+),", (BOOK / "references.bib").read_text(), re.M))
+    for engine, key in ENGINES.items():
+        assert key in keys and f"{{cite}}`{key}`" in text, f"cite {engine}'s docs ({key})"
+    knobs = text.split("## The book's knobs")[1].split("## What minillm leaves out")[0]
+    for section in knobs.split("\n### ")[1:]:
+        rows = [line.split("|")[1].strip() for line in section.splitlines()
+                if line.startswith("| ") and not line.startswith("| engine")]
+        assert [r.split(" (")[0] for r in rows] == ["minillm", *ENGINES], section.splitlines()[0]
+    for target in re.findall(r"\{doc\}`([^`<]+)`", text):
+        assert (BOOK / f"{target}.ipynb").is_file() or (BOOK / f"{target}.md").is_file(), target
+
+    minillm_rows = [line for line in knobs.splitlines() if line.startswith("| minillm")]
+    settings = " ".join(row.split("|")[2] for row in minillm_rows)  # the setting column
+    config = {f.name for f in fields(EngineConfig)}
+    for name in re.findall(r"`([a-z]+_[a-z_]+)(?:=[^`]*)?`", settings):  # not values: `fcfs`
+        assert name in config, f"appendix: minillm has no EngineConfig.{name}"
+    minillm_rows = "\n".join(minillm_rows)
+    flags = "".join((ROOT / "minillm" / path).read_text()
+                    for path in ["serve/__main__.py", "bench/serve.py"])
+    for flag in re.findall(r"`(--[a-z-]+)`", minillm_rows):
+        assert f'"{flag}"' in flags, f"appendix: neither `minillm serve` nor its bench has {flag}"
+    metrics = (ROOT / "minillm" / "serve" / "prometheus.py").read_text()
+    for metric in re.findall(r"`(vllm:[a-z_]+)`", minillm_rows):
+        assert f'"{metric}"' in metrics, f"appendix: minillm's /metrics has no {metric}"
 
 
 # ------------------------------------------------------------------------------- grading
