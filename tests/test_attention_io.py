@@ -4,6 +4,8 @@ naive attention outgrows the tiled one's as N grows."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -112,3 +114,9 @@ def test_measured_h200_fractions() -> None:
     bandwidth, flops = MEASURED_H200.fractions_of_peak()
     assert bandwidth == pytest.approx(4431 / 4800) and flops == pytest.approx(339 / 989)
     assert len(MEASURED_H200.commit) == 40
+
+
+def test_peak_memory_passes_on_what_fn_writes_to_stderr(capfd: pytest.CaptureFixture) -> None:
+    peak_memory(lambda: os.write(2, b"a warning of fn's own\n"))
+    err = capfd.readouterr().err
+    assert "a warning of fn's own" in err and "profiler_start" not in err

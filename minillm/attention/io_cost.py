@@ -12,8 +12,12 @@ heads; dtype_bytes is the size of one element of Q, K, V, the scores and O.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,7 +41,8 @@ def peak_memory(fn: Callable[..., object], *args: object, **kwargs: object) -> i
     in the order the profiler recorded them. Tensors allocated before the call (the inputs)
     do not count; the result does, while it is live. Exact for torch tensors, and the same on
     every run; memory outside torch's allocator (Python objects, NumPy) is not seen."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _without_profiler_log(), profile(activities=[ProfilerActivity.CPU],
+                                          profile_memory=True) as prof:
         fn(*args, **kwargs)
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
@@ -46,6 +51,25 @@ def peak_memory(fn: Callable[..., object], *args: object, **kwargs: object) -> i
         live += event.nbytes()
         peak = max(peak, live)
     return peak
+
+
+@contextlib.contextmanager
+def _without_profiler_log() -> Iterator[None]:
+    """Drop the lines the profiler's C++ library (kineto) writes to file descriptor 2 at every
+    start and stop, which no setting turns off; anything else written there is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines
+                                     if not line.startswith(("USDT:", "STAGE:"))))
 
 
 def _check(N: int, D: int, H: int, dtype_bytes: float) -> None:
