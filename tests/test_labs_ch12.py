@@ -168,15 +168,39 @@ def test_open_ended_exercise_has_a_model_answer() -> None:
     assert sorted(MODEL_ANSWERS) == ["12.3"]
     text = MODEL_ANSWERS["12.3"]
     assert text.startswith("**Model answer.**") and "Rubric" in text
-    # Grounded in tiles.py: its sm_90 and sm_75 entries and the H200 measurement.
-    from minillm.attention.tiles import SHARED_MEMORY_BYTES, TILES
-
-    def prefill(cc: tuple[int, int]) -> tuple[int, int, int]:
-        tiles = TILES[cc].extend
-        return tiles.block_m, tiles.block_n, tiles.num_warps
-
-    assert prefill((9, 0)) == (64, 64, 4) and prefill((7, 5)) == (64, 16, 8)
-    assert SHARED_MEMORY_BYTES[(9, 0)] == 227 * 1024 and SHARED_MEMORY_BYTES[(7, 5)] == 64 * 1024
     for figure in ("64 x 64 with 4 warps", "64 x 16 with 8 warps", "339", "161", "656 bytes",
-                   "227 KB", "64 KB", "measured"):
+                   "744 bytes", "measured", "modelled"):
         assert figure in text, figure
+
+
+def test_the_model_answer_quotes_io_cost_and_tiles_as_they_are() -> None:
+    """Its table and SRAM figures are io_cost's at N = 32,768, 32 heads; its tiles are TILES'."""
+    from minillm.attention import io_cost
+    from minillm.attention.tiles import TILES
+    from minillm.hardware import get_hardware
+
+    text = MODEL_ANSWERS["12.3"]
+    for gpu in ("A100-40GB", "A100-80GB", "H100-SXM"):
+        hw = get_hardware(gpu)
+        cells = []
+        for D in (64, 128):
+            rows = io_cost.tile_rows(D, 2, io_cost.sram_bytes_of(gpu))
+            tiled = io_cost.attention_cost(32768, D, 32, gpu)[1]
+            cells.append(f"{rows}, {tiled.arithmetic_intensity:.0f}: {tiled.bound}")
+        sram = io_cost.sram_bytes_of(gpu) // 1024
+        assert (f"| {gpu} ({sram} KB) | {hw.flops / hw.bandwidth:.0f} | {cells[0]} | "
+                f"{cells[1]} |") in text, gpu
+
+    def smallest_sram_kb(gpu: str, D: int) -> int:
+        kb = 1
+        while io_cost.attention_cost(32768, D, 32, gpu, sram_bytes=kb * 1024)[1].bound != \
+                "compute":
+            kb += 1
+        return kb
+
+    assert f"{smallest_sram_kb('H100-SXM', 128)} KB on an H100" in text
+    assert f"{smallest_sram_kb('A100-40GB', 128)} KB on an A100-40GB" in text
+    assert f"({smallest_sram_kb('H100-SXM', 64)} KB on an H100)" in text
+    sm90, sm75 = TILES[(9, 0)].extend, TILES[(7, 5)].extend
+    assert (sm90.block_m, sm90.block_n, sm90.num_warps) == (64, 64, 4)
+    assert (sm75.block_m, sm75.block_n, sm75.num_warps) == (64, 16, 8)

@@ -142,20 +142,16 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     return ref.naive_attention(q, k, v, causal), torch.logsumexp(scores, dim=-1)
 
 
-# (what the case is, H, T, S, causal, block_m, block_n, dtype, kind); D = 8 throughout.
+F64, F32 = torch.float64, torch.float32
+# (what the case is, T, S, block_m, block_n, dtype, kind of inputs); 2 heads of D = 8, causal.
 UPDATE_CASES = [
-    ("a decode (T = 1) over 20 positions, one key tile", 2, 1, 20, True, 16, 32, torch.float64,
-     "random"),
-    ("a causal prefill of 50 tokens in 16 x 16 tiles", 2, 50, 50, True, 16, 16, torch.float64,
-     "random"),
-    ("an extend of 20 tokens after 77 cached, 16 x 32 tiles", 3, 20, 97, True, 16, 32,
-     torch.float64, "random"),
-    ("a decode over 200 positions whose top score is in the last key tile", 2, 1, 200, True, 16,
-     32, torch.float64, "late"),
-    ("an fp32 prefill of 40 tokens in 16 x 16 tiles", 2, 40, 40, True, 16, 16, torch.float32,
-     "random"),
-    ("an fp32 prefill of 40 tokens with scores near 100", 2, 40, 40, True, 16, 16, torch.float32,
-     "large"),
+    ("a decode (T = 1) over 20 positions, one key tile", 1, 20, 16, 32, F64, "random"),
+    ("a causal prefill of 50 tokens in 16 x 16 tiles", 50, 50, 16, 16, F64, "random"),
+    ("an extend of 20 tokens after 77 cached, 16 x 32 tiles", 20, 97, 16, 32, F64, "random"),
+    ("a decode over 200 positions, its top score in the last key tile", 1, 200, 16, 32, F64,
+     "late"),
+    ("an fp32 prefill of 40 tokens in 16 x 16 tiles", 40, 40, 16, 16, F32, "random"),
+    ("an fp32 prefill of 40 tokens with scores near 100", 40, 40, 16, 16, F32, "large"),
 ]
 
 
@@ -163,14 +159,14 @@ def grade_online_softmax_update(update: Any) -> str:
     expect_callable(update, UPDATE)
     _fold(update, _probe_tiles()["one"])  # type and shapes first, with a readable message
     worst = 0.0
-    for what, H, T, S, causal, bm, bn, dtype, kind in UPDATE_CASES:
-        q, k, v = _inputs(H, T, S, 8, dtype, kind)
-        out, lse = ref.tiled_attention(q, k, v, causal, bm, bn, update=update, return_lse=True)
-        want_out, want_lse = _reference(q, k, v, causal)
+    for what, T, S, bm, bn, dtype, kind in UPDATE_CASES:
+        q, k, v = _inputs(2, T, S, 8, dtype, kind)
+        out, lse = ref.tiled_attention(q, k, v, True, bm, bn, update=update, return_lse=True)
+        want_out, want_lse = _reference(q, k, v, causal=True)
         for name, got, want in (("the output", out, want_out), ("the log-sum-exp", lse, want_lse)):
             assert _close(got, want, dtype), (f"inside tiled_attention, on {what}, {name} "
                                               f"{_difference(got, want)}{_update_hint(update)}")
-        if dtype == torch.float64:
+        if dtype == F64:
             worst = max(worst, (out - want_out).abs().max().item())
     _, l, acc = _fold(update, _probe_tiles()["masked"])
     _, L, A = _fold(ref.online_softmax_update, _probe_tiles()["masked"])
@@ -241,15 +237,13 @@ def _split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]
 
 def grade_merge_splits(merge: Any) -> str:
     expect_callable(merge, MERGE)
-    f64 = torch.float64
-    cases = [("a decode over 301 positions in 4 splits", _inputs(2, 1, 301, 8, f64), 4),
-             ("4 queries over 130 positions in 3 splits", _inputs(3, 4, 130, 8, f64), 3),
-             ("fp32 scores near 100 in 5 splits", _inputs(2, 1, 200, 8, torch.float32, "large"),
-              5),
+    cases = [("a decode over 301 positions in 4 splits", _inputs(2, 1, 301, 8, F64), 4),
+             ("4 queries over 130 positions in 3 splits", _inputs(3, 4, 130, 8, F64), 3),
+             ("fp32 scores near 100 in 5 splits", _inputs(2, 1, 200, 8, F32, "large"), 5),
              ("splits of 3, 250 and 7 positions beside one that saw no key",
-              _inputs(2, 2, 260, 8, f64, seed=1), [0, 3, 253, 253, 260]),
+              _inputs(2, 2, 260, 8, F64, seed=1), [0, 3, 253, 253, 260]),
              # Splits (0, 1) and (2, 3) merged first, then the two results: a tree of merges.
-             ("a tree of merges, ((0, 1), (2, 3))", _inputs(2, 3, 240, 8, f64, seed=2),
+             ("a tree of merges, ((0, 1), (2, 3))", _inputs(2, 3, 240, 8, F64, seed=2),
               [[0, 10, 100], [100, 130, 240]])]
     for what, (q, k, v), splits in cases:
         want_out, want_lse = _reference(q, k, v, causal=False)

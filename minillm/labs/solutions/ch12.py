@@ -38,58 +38,63 @@ SOLUTIONS = {"12.1": online_softmax_update, "12.2": merge_splits}
 
 MODEL_ANSWERS: dict[str, str] = {
     "12.3": """\
-**Model answer.** A prefill program holds its query tile (block_m x D) for the whole loop and
-streams key and value tiles (block_n x D each) past it; the tl.dot operands sit in shared
-memory, the fp32 score tile (block_m x block_n) and the fp32 accumulator (block_m x D) in
-registers. What a larger tile buys is fewer re-reads of K and V: each query tile reads all of
-K and V once, so a head of N tokens reads 2·N·D elements ⌈N / block_m⌉ times, and doubling
-block_m halves that traffic (FlashAttention's Θ(N²·D²/M) with block_m ∝ M / D). Per K/V
-byte loaded, a program does about block_m FLOPs (4·block_m·block_n·D FLOPs for 4·block_n·D
-bytes in 16 bits), so block_m is the arithmetic intensity against HBM when no cache helps.
-block_n changes how many keys each loop step folds in, not the traffic.
+**Model answer.** What a larger query tile buys: a program holds B query rows and streams every
+K and V tile past them, so K and V are read ⌈N / B⌉ times and the tiled count's traffic is about
+4·N²·D / B bytes per head in bf16 against 4·N²·D FLOPs: about B FLOPs per byte (FlashAttention's
+Θ(N²·D²/M), since B ∝ M / D). The key tile's size does not change it. With io_cost.tile_rows, B
+= ⌊M / (4·D·2)⌋ (Q, K, V and O tiles of B x D in SRAM):
 
-What stops a larger tile. (1) Shared memory per block: minillm.attention.tiles gives 227 KB on
-sm_90 (H100, H200) and 64 KB on sm_75 (T4). At D = 128 in bf16/fp16, Q 128 x 128 is 32 KB and
-each 64-row K or V tile 16 KB: 64 KB for 128 x 64, 96 KB with a second stage of K/V in
-flight, fine on Hopper, the whole of a T4's budget without one. (2) Registers: 64K 32-bit
-registers per SM on both, at most 255 per thread. The accumulator alone is block_m·D fp32
-values: 64 x 128 over 4 warps (128 threads) is 64 registers a thread, 128 x 128 is 128, plus
-the score tile (block_m·block_n / threads) and the addresses of a gathered K/V tile (64-bit,
-one per row through the block table); past 255 the compiler spills to local memory (which
-sits in device memory, behind the caches). (3) Occupancy: a program that takes most of an SM's
-registers or shared memory leaves no second one to hide the loads' latency, and fewer, larger
-programs fill the SMs less evenly (132 on an H100 SXM; a 4k prompt of 32 heads is 2,048
-programs of 64 rows, 1,024 of 128).
+| GPU (SRAM a SM) | ridge, FLOP/byte | D = 64: B, FLOP/byte | D = 128: B, FLOP/byte |
+|---|---|---|---|
+| A100-40GB (192 KB) | 201 | 384, 377: compute | 192, 191: memory |
+| A100-80GB (192 KB) | 153 | 384, 377: compute | 192, 191: compute |
+| H100-SXM (228 KB) | 295 | 456, 449: compute | 228, 226: memory |
 
-Picks (modelled from the budgets, then checked against what was measured). H100: 128 x 64
-tiles, whose 64 KB (96 KB with a second K/V stage) fit 227 KB with room for two programs per SM;
-128 rows double the intensity to 128 FLOPs a byte. FlashAttention-2's launcher
-(csrc/flash_attn/src/flash_fwd_launch_template.h) runs exactly 128 x 64 with 4 warps at D = 128
-on sm80 and sm90, and FlashAttention-3 goes to 128 x 128 (causal) with two consumer warpgroups,
-because Hopper's wgmma and TMA free registers and hide loads. minillm's table (TILES[(9, 0)])
-holds 64 x 64 with 4 warps, chosen by measurement on an H200 (tiles.py's docstring): 339
-TFLOP/s against 161 for the same tile with 8 warps, although it spills 656 bytes. That is 34%
-of the 989 TFLOP/s dense bf16 peak, and more than a no-cache bound allows: 64 FLOPs a byte x
-4.8 TB/s is 307 TFLOP/s, so the 50 MB L2 served part of the K/V re-reads. Triton's compiler,
-not the tile bytes, is what holds it at 64 rows: the spills and the 8-warp result say the
-register file, not shared memory, is the binding budget there. T4: 64 KB per block. 128 x 64
-with two stages (96 KB) does not fit, 128 x 64 with one (64 KB) leaves nothing for Triton's own
-scratch; 64 x 32 fits (Q 16 KB + K/V 16 KB) but spilled 744 bytes on sm_75, so the table
-(TILES[(7, 5)]) holds 64 x 16 with 8 warps, 2 stages. Its intensity against HBM, 64 FLOPs a
-byte, is under the T4's ridge (65 TFLOP/s / 320 GB/s = 203), so without cache reuse it would
-be bound by bandwidth at about 20 TFLOP/s (modelled); the 4 MB L2 is what recovers some of
-the re-reads, and a larger block_m would help only if it did not spill. The lesson: start from
-the shared-memory budget, check spills with the compiler, then measure (python -m
-minillm.bench tiles): the H200 entry shows a spilling candidate can still win.
+(modelled, N = 32,768, 32 heads; at N = 4,096 the intensities are a little lower, 341 and 178 on
+the A100, 410 and 216 on the H100, as Q and O count for more.) Compute-bound needs B above the
+ridge, so the smallest SRAM is a little over 4·D·2·ridge (Q and O add traffic): at N = 32,768
+and D = 128, 301 KB on an H100 and 203 KB on an A100-40GB (154 KB on the 80 GB part, whose
+faster HBM lowers its ridge); at D = 64 half that (151 KB on an H100). So the H100 is the case
+where even all of its SRAM leaves D = 128 attention memory-bound by this count: one reason
+FlashAttention-3 relies on Hopper's asynchrony (TMA and wgmma) to overlap the loads rather than
+on bigger tiles. The count is pessimistic, too: every K/V re-read goes to HBM, while the 40-50
+MB L2 serves many of them.
+
+What stops our kernels well short of B = 228. The count puts all four tiles in SRAM, but the
+fp32 accumulator (B x D) and score tile (B x block_n) live in registers: 64K 32-bit registers a
+SM, at most 255 a thread. At D = 128 the accumulator alone takes B·128 / threads registers a
+thread: 64 rows over 4 warps (128 threads) is 64, 128 rows is 128, 228 rows would be 228, before
+the scores (64 x 64 / 128 = 32) and the 64-bit addresses of each gathered K/V row (ours come
+through the block table). Past the limit the compiler spills to local memory, which lives in HBM
+behind the caches; and a program that takes most of an SM's registers leaves no second program
+to hide its loads (occupancy). Shared memory is not the binding limit on Hopper (64 x 64 tiles
+take 48 KB of 227 at D = 128, 80 KB with a second stage of K/V in flight); registers are. On a
+T4 (sm_75, 64 KB a block) both bind: tiles.py keeps 64 x 16 with 8 warps because 64 x 32 spilled
+744 bytes there.
+
+Why 64 x 64 with 4 warps won on the H200 (measured, tiles.py's docstring): 339 TFLOP/s against
+161 for the same tile with 8 warps, although it spills 656 bytes; the sweep's 128-row candidates
+did not beat it either. The docstring records the measurement, not its cause; a likely one is
+that 4 warps are one Hopper warpgroup, the unit of the wgmma instruction Triton uses on sm_90,
+so the 8-warp program splits each tl.dot and the online-softmax reductions across two
+warpgroups, while a little spilling that the L1 absorbs costs less. 339 TFLOP/s is 34% of the
+989 TFLOP/s peak, above the 307 TFLOP/s that 64 FLOPs a byte x 4.8 TB/s would allow if every K/V
+re-read went to HBM: the L2 served part of them.
+
+What to measure before changing an entry: python -m minillm.bench tiles on that GPU, for each
+candidate the TFLOP/s at several prompt lengths (short prompts have few query tiles per SM) and
+both head dims served, repeated to see the noise; the compiled kernel's registers, spills and
+shared memory (tests/test_kernels.py checks the last two); that the output still matches the
+reference; and the decode kernel, which shares the table, unchanged.
 
 **Rubric (10 points).**
-- 3: the K/V re-read argument: traffic ∝ N²·D / block_m (FlashAttention's N²D²/M), and
-  intensity of about block_m FLOPs per K/V byte; block_n does not change the traffic.
-- 3: the limits with figures: shared memory per block (227 KB on sm_90, 64 KB on sm_75) against
-  the tile bytes at D = 128, registers (accumulator block_m·D fp32 over the threads, 255 a
-  thread, spills), and occupancy.
-- 2: a pick for each GPU and the comparison with TILES (64 x 64 x 4 warps on sm_90, 64 x 16 x
-  8 warps on sm_75) and the measured H200 figures (339 against 161 TFLOP/s, 656 bytes spilled).
-- 2: figures labelled measured (the H200 run) or modelled (the byte and FLOP counts).
+- 2: the traffic argument: K/V re-read ⌈N / B⌉ times, about B FLOPs per byte, B ∝ M / D
+  (FlashAttention's N²D²/M); the key tile's size does not change it.
+- 3: the table from io_cost (B, intensity, bound) for both GPUs and head dims, and the smallest
+  SRAM at D = 128 (about 301 KB on an H100), labelled modelled.
+- 3: the binding limit named with figures: the fp32 accumulator and scores in registers (255 a
+  thread), spills, occupancy; shared memory not binding on Hopper.
+- 2: the measured H200 choice (64 x 64 with 4 warps, 339 against 161 TFLOP/s, 656 bytes spilled)
+  with a reasoned cause, and what to measure (bench tiles, several shapes, spills, correctness).
 """,
 }
