@@ -72,6 +72,17 @@ def nan_when_masked(m, l, acc, scores, v):
     return m_new, rescale * l + p.sum(-1), rescale[..., None] * acc + p @ v
 
 
+def old_max_subtracted(m, l, acc, scores, v):
+    """Subtracts the max it came in with: -inf on the first tile."""
+    m_new = torch.maximum(m, scores.amax(-1))
+    rescale, p = torch.exp(m - m_new), torch.exp(scores - m[..., None])
+    return m_new, rescale * l + p.sum(-1), rescale[..., None] * acc + p @ v
+
+
+def scaled_again(m, l, acc, scores, v):
+    return online_softmax.online_softmax_update(m, l, acc, scores / v.shape[-1] ** 0.5, v)
+
+
 def l_keeps_its_keys(m, l, acc, scores, v):
     m_new, l_new, acc_new = online_softmax.online_softmax_update(m, l, acc, scores, v)
     return m_new, l_new[..., None], acc_new
@@ -88,12 +99,15 @@ def in_float32(m, l, acc, scores, v):
     (max_after_exp, "taken before any exponent"),
     (m_unused, "scores near 100, the output holds NaN or inf"),
     (normalised_acc, "return acc unnormalised"),
+    (old_max_subtracted, "never the old m = -inf"),
+    (scaled_again, "already scaled by 1/sqrt(D)"),
     (nan_when_masked, "subtract 0 instead of m_new while it is -inf"),
     (l_keeps_its_keys, "reduce a tile over its keys"),
     (in_float32, "return the state in the dtype it came in"),
     (lambda m, l, acc, scores, v: acc, "return the tuple (m, l, acc)"),
 ], ids=["no-rescale", "no-rescale-of-acc", "exp-without-max", "max-after-exp", "m-unused",
-        "normalised-acc", "nan-when-masked", "wrong-shape", "wrong-dtype", "one-tensor"])
+        "normalised-acc", "old-max", "scaled-again",
+        "nan-when-masked", "wrong-shape", "wrong-dtype", "one-tensor"])
 def test_wrong_updates_fail_with_their_hint(wrong, words: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert check("12.1", wrong) is False

@@ -41,6 +41,11 @@ HINTS = {
               "ends before the row's position) leaves your state NaN: there m = m_new = -inf, "
               "and exp(-inf - (-inf)) is NaN; subtract 0 instead of m_new while it is -inf, so "
               "that the row keeps l = 0 and acc = 0 until a key it may see arrives",
+    "scaled": " (the scores arrive already scaled by 1/sqrt(D) and -inf where masked: use them "
+              "as they are, your m is theirs times a constant)",
+    "first": " (after the first tile, which arrives with m = -inf, l = 0, acc = 0, your state "
+             "holds NaN or inf: subtract the new max, exp(scores - m_new) and exp(m - m_new), "
+             "never the old m = -inf)",
     "formula": " (with m_new = max(m, the tile's max): p = exp(scores - m_new); l becomes "
                "exp(m - m_new) * l plus p's row sums, acc becomes exp(m - m_new) * acc plus p @ v)",
 }
@@ -100,7 +105,10 @@ def _update_hint(update: Callable) -> str:
         m, l, acc = _fold(update, tiles[probe])
         M, L, A = _fold(ref.online_softmax_update, tiles[probe])
         if not _close(m, M):
-            return HINTS["max"]
+            c = ((m * M).sum() / (M * M).sum()).item()  # m = c M: scaled once more
+            return HINTS["scaled"] if _close(m, c * M) and abs(c - 1) > 1e-6 else HINTS["max"]
+        if probe == "one" and not (torch.isfinite(l).all() and torch.isfinite(acc).all()):
+            return HINTS["first"]
         if probe == "one" and _close(l, torch.exp(tiles["one"][0][0]).sum(-1)):
             return HINTS["subtract"]
         if probe == "one" and _close(acc, A / L[..., None]):
