@@ -2,8 +2,8 @@
 
 peak_memory measures what a function allocates on this machine, from torch's own allocator
 events. hbm_bytes_naive and hbm_bytes_tiled count the bytes a GPU moves between its HBM and its
-on-chip SRAM for one attention forward pass, as the IO analysis of FlashAttention does
-{dao2022flashattention}; attention_cost prices both on a Hardware's roofline. MEASURED_H200 holds
+on-chip SRAM for one attention forward pass, as the IO analysis of FlashAttention does (Dao et
+al. 2022, section 3.2); attention_cost prices both on a Hardware's roofline. MEASURED_H200 holds
 what our Triton kernels reached on an H200.
 
 Shapes: N tokens attend to N keys (a prefill, not causal: the count of the paper), D head dim, H
@@ -28,7 +28,8 @@ from minillm.hardware import Hardware, get_hardware
 
 # Shared memory (the SRAM a kernel's tiles live in) per streaming multiprocessor, in bytes.
 # A100: 192 KB of L1/shared memory per SM, as FlashAttention's paper gives it (its section 2.1).
-# Hopper (H100, H200): up to 228 KB of shared memory per SM (NVIDIA's Hopper tuning guide).
+# Hopper (H100, H200): up to 228 KB of shared memory per SM (NVIDIA's Hopper Tuning Guide,
+# docs.nvidia.com/cuda/hopper-tuning-guide).
 SRAM_PER_SM: dict[str, int] = {
     "A100-40GB": 192 * 1024, "A100-80GB": 192 * 1024,
     "H100-SXM": 228 * 1024, "H100-PCIe": 228 * 1024, "H200": 228 * 1024,
