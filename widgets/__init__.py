@@ -17,6 +17,7 @@ interactive anywidget (sliders, dropdowns) for JupyterLab.
 | ``pressure.py`` | swaps and waiting causes drawn on the trace views, the host pool panel |
 | ``roofline.py`` | ``RooflineExplorer``: the roofline with prefill and decode points |
 | ``kv_calculator.py`` | ``KVCalculator``: KV bytes and concurrent sequences per GPU |
+| ``tiling.py`` | ``TilingView``: attention's score tiles, in the order the tiled loop visits them |
 """
 
 from widgets.base import View, ViewWidget
@@ -24,7 +25,8 @@ from widgets.block_table import BlockTableView
 from widgets.kv_calculator import KVCalculator
 from widgets.prefix_cache import PrefixCacheView
 from widgets.roofline import RooflineExplorer
+from widgets.tiling import TilingView
 from widgets.timeline import BatchTimeline
 
 __all__ = ["View", "ViewWidget", "BlockTableView", "PrefixCacheView", "BatchTimeline",
-           "RooflineExplorer", "KVCalculator"]
+           "RooflineExplorer", "KVCalculator", "TilingView"]
