@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from minillm import simulate, workload
-from widgets import BatchTimeline, BlockTableView, KVCalculator, RooflineExplorer, offline
+from widgets import (
+    BatchTimeline,
+    BlockTableView,
+    KVCalculator,
+    RooflineExplorer,
+    TilingView,
+    offline,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +60,8 @@ def test_encoding_round_trips() -> None:
     lambda t: BlockTableView(t, step=len(t) // 2, num_blocks=256, block_size=16),
     lambda t: KVCalculator("llama-3-8b", context_len=8192, batch=64),
     lambda t: RooflineExplorer("H100-SXM", "llama-3-8b", batch=8),
-], ids=["timeline", "block-table", "kv-calculator", "roofline"])
+    lambda t: TilingView(1024, 1024, step=40),
+], ids=["timeline", "block-table", "kv-calculator", "roofline", "tiling"])
 def test_every_frame_is_what_python_draws_for_its_state(make, trace) -> None:
     view = make(trace)
     before = view.get_state()
@@ -110,7 +118,7 @@ def test_moving_a_control_shows_pythons_picture_of_that_state(trace, tmp_path: P
     require_browser()
     views = [BatchTimeline(trace, budget=2048),
              BlockTableView(trace, step=3, num_blocks=256, block_size=16),
-             KVCalculator("llama-3-8b", context_len=8192, batch=64)]
+             KVCalculator("llama-3-8b", context_len=8192, batch=64), TilingView(1024, 1024)]
     page_of(views, tmp_path / "views.html")
     payloads = [frames_of(v) for v in views]
     with serve_directory(tmp_path) as url, headless_chromium() as browser, \

@@ -77,6 +77,7 @@ def views(request: pytest.FixtureRequest) -> dict[str, object]:
         KVCalculator,
         PrefixCacheView,
         RooflineExplorer,
+        TilingView,
     )
 
     def steps() -> list:
@@ -86,7 +87,8 @@ def views(request: pytest.FixtureRequest) -> dict[str, object]:
                                                   num_blocks=12),
             "batch_timeline": lambda: BatchTimeline(steps(), budget=64),
             "prefix_cache": lambda: PrefixCacheView(steps(), step=len(steps()) // 2),
-            "roofline": RooflineExplorer, "kv_calculator": lambda: KVCalculator(batch=16)}
+            "roofline": RooflineExplorer, "kv_calculator": lambda: KVCalculator(batch=16),
+            "tiling": lambda: TilingView(1024, 1024)}
 
 
 @pytest.fixture
@@ -107,7 +109,7 @@ def write_page(root: Path, name: str, body: str, head: str = "") -> str:
 
 
 @pytest.mark.parametrize("name", ["block_table", "batch_timeline", "prefix_cache", "roofline",
-                                  "kv_calculator"])
+                                  "kv_calculator", "tiling"])
 def test_static_html_renders_offline(name: str, views: dict[str, object], site: tuple[Path, str],
                                      page: tuple, tmp_path: Path) -> None:
     root, url = site
@@ -173,7 +175,7 @@ def move_slider(pg: object, label: str, value: int) -> None:
         "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }", value)
 
 
-@pytest.mark.parametrize("name", ["roofline", "kv_calculator", "prefix_cache"])
+@pytest.mark.parametrize("name", ["roofline", "kv_calculator", "prefix_cache", "tiling"])
 def test_widget_esm_renders_and_round_trips(name: str, views: dict[str, object],
                                             site: tuple[Path, str], page: tuple,
                                             tmp_path: Path) -> None:
@@ -194,6 +196,10 @@ def test_widget_esm_renders_and_round_trips(name: str, views: dict[str, object],
         move_slider(pg, "step", 0)
         pg.wait_for_function("window.syncs === 1")
         assert view.step == 0 and "Prefix cache at step 0 (1 of" in pg.text_content("#app svg")
+    elif name == "tiling":
+        move_slider(pg, "tiles computed", 5)
+        pg.wait_for_function("window.syncs === 1")
+        assert view.step == 5 and "tile 5 of 136:" in pg.text_content("#app svg")
     else:
         pg.locator("label", has_text="hardware").locator("select").select_option('"L4"')
         pg.wait_for_function("window.syncs === 1")

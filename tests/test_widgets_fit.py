@@ -19,7 +19,14 @@ from collections.abc import Callable
 import pytest
 
 from minillm.trace import CacheNode, PrefixCacheSnapshot, ScheduledEntry, StepRecord
-from widgets import BatchTimeline, BlockTableView, KVCalculator, PrefixCacheView, RooflineExplorer
+from widgets import (
+    BatchTimeline,
+    BlockTableView,
+    KVCalculator,
+    PrefixCacheView,
+    RooflineExplorer,
+    TilingView,
+)
 from widgets import svg as s
 from widgets.base import View
 
@@ -127,6 +134,10 @@ VIEWS: dict[str, Callable[[], View]] = {
     "KV calculator": lambda: KVCalculator(),
     "KV calculator, overflowing": lambda: KVCalculator("llama-3-70b", hardware="L4",
                                                        context_len=131072, batch=256),
+    "tiling, 16 x 16 causal": lambda: TilingView(1024, 1024),
+    "tiling, 32 x 32 tiles": lambda: TilingView(1024, 1024, block_m=32, block_n=32),
+    "tiling, an extend, uneven tiles": lambda: TilingView(200, 1000, block_n=48),
+    "tiling, a decode row": lambda: TilingView(1, 2048, causal=False),
 }
 
 
