@@ -169,7 +169,7 @@ class TilingView(View):
         body = [s.hatch(MASK_PATTERN, COLORS["mask"], background="none"),
                 s.text(0, 16, self._title(), size=13, font_weight="bold"),
                 s.text(0, 34, self._status()),
-                self._kv_bar(grid_w), self._q_bar(grid_h), self._grid(sx, sy),
+                self._kv_bar(), self._q_bar(), self._grid(sx, sy),
                 self._legend(GRID_X + max(grid_w, GRID_MAX) + 16)]
         body += [s.text(0, legend_y + 18 * i, line, **attrs)
                  for i, (line, attrs) in enumerate(self._caption())]
@@ -192,7 +192,7 @@ class TilingView(View):
     def _current(self) -> TileVisit | None:
         return self.visits[self.step - 1] if self.step else None
 
-    def _kv_bar(self, grid_w: float) -> str:
+    def _kv_bar(self) -> str:
         """K, V along the top: the current query tile's key tiles read so far, and this one."""
         sx = self._scale()[1]
         cur, y = self._current(), GRID_Y - BAR - 6
@@ -209,7 +209,7 @@ class TilingView(View):
                               stroke=s.ROLE["grid"], class_="kv-tile" + state))
         return "".join(out)
 
-    def _q_bar(self, grid_h: float) -> str:
+    def _q_bar(self) -> str:
         """Q down the left: the current query tile's rows."""
         sy, cur = self._scale()[0], self._current()
         out = [s.text(6, GRID_Y + 10, "Q", size=11, font_weight="bold")]
