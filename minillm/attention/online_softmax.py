@@ -89,8 +89,9 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         acc = torch.zeros(H, i1 - i0, D, dtype=dt, device=q.device)
         for j0, j1, diagonal in key_tiles:
             scores = qi @ k[:, j0:j1].to(dt).transpose(1, 2)  # (H, M, n): the only score tile
-            if diagonal:
-                visible = causal_mask(T, S, q.device)[i0:i1, j0:j1]
+            if diagonal:  # this tile's mask only: a (T, S) one would make memory quadratic
+                query_pos = torch.arange(S - T + i0, S - T + i1, device=q.device)
+                visible = torch.arange(j0, j1, device=q.device)[None, :] <= query_pos[:, None]
                 scores = scores.masked_fill(~visible, float("-inf"))
             m, l, acc = update(m, l, acc, scores, v[:, j0:j1].to(dt))
         out[:, i0:i1] = (acc / l[..., None]).to(q.dtype)
