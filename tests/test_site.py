@@ -19,7 +19,8 @@ import pytest
 from browser_support import check_painted, offline_page
 from site_support import BOOK, CHAPTERS, SITE, chromium, require_site, served_site  # noqa: F401
 
-COURSE_PAGES = ["learning_path", "notation", "glossary", "instructor_guide", "solutions"]
+COURSE_PAGES = ["learning_path", "notation", "glossary", "instructor_guide", "solutions",
+                "appendix_engines"]
 
 require_site()
 
