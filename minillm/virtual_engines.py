@@ -5,7 +5,10 @@ engine that waited for each step before scheduling the next would leave p - 1 of
 idle. vLLM keeps p batches in flight instead (its "virtual engines"): p schedulers, each owning
 1/p of the KV blocks and taking each new request when it has the fewest unfinished ones, and
 each scheduler's next batch entering the first stage as soon as that stage is free. One batch
-is a micro-batch of the pipeline, and the gaps where a stage waits are its bubbles.
+is a micro-batch of the pipeline, and the gaps where a stage waits are its bubbles. As in vLLM
+V0's Scheduler (vllm/core/scheduler.py: one per virtual engine, each built from the same
+SchedulerConfig, dividing cache_config.num_gpu_blocks by pipeline_parallel_size), every virtual
+engine here has the whole max_num_seqs and max_num_batched_tokens and 1/p of the blocks.
 
 Here each virtual engine is a minillm.simulator.Simulator (the engine's own Scheduler and
 BlockManager), stepped in order of virtual time by minillm.fleet.Fleet, and one Pipeline times
