@@ -258,16 +258,21 @@ def choose_layout(config: Any, device: Hardware, gpus: int, longest: int,
 def choose_max_num_seqs(config: Any, device: Hardware, layout: parallel.ParallelConfig,
                         typical: int, reasoning: list[str]) -> int:
     """Step 2: the KV formula, (usable memory - weights) / KV bytes per typical sequence,
-    capped at MAX_NUM_SEQS_CAP."""
+    capped at MAX_NUM_SEQS_CAP. Under pipeline parallelism max_num_seqs holds for each of the p
+    virtual engines, which own 1/p of the blocks each (minillm.virtual_engines, as vLLM): the
+    sequences that fit are shared among them."""
     free = device.memory * GPU_MEMORY_UTILIZATION - parallel.weight_bytes_per_gpu(config, layout)
     per_seq = parallel.kv_bytes_per_token_per_gpu(config, layout) * typical
     fit = parallel.max_concurrency(config, device, layout, typical, GPU_MEMORY_UTILIZATION)
-    seqs = max(min(fit, MAX_NUM_SEQS_CAP), 1)
+    p = layout.pipeline_parallel_size
+    seqs = max(min(fit // p, MAX_NUM_SEQS_CAP), 1)
+    shared = (f", {fit // p} for each of the {p} virtual engines (each owns 1/{p} of the blocks)"
+              if p > 1 else "")
     reasoning.append(
         f"max_num_seqs {seqs}: the KV formula gives {free / 1e9:.1f} GB free per GPU / "
         f"{per_seq / 1e6:.1f} MB per sequence of typical length ({typical} tokens: p90 of "
-        f"prompt + output) = {fit} sequences" + (f", capped at {MAX_NUM_SEQS_CAP}."
-                                                  if fit > MAX_NUM_SEQS_CAP else "."))
+        f"prompt + output) = {fit} sequences" + shared
+        + (f", capped at {MAX_NUM_SEQS_CAP}." if fit // p > MAX_NUM_SEQS_CAP else "."))
     return seqs
 
 
