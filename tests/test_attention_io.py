@@ -95,7 +95,7 @@ def test_naive_over_tiled_grows_with_n(gpu: str, D: int) -> None:
 def test_naive_is_memory_bound_and_tiled_compute_bound_at_long_n(gpu: str) -> None:
     naive, tiled = attention_cost(16384, 64, 32, gpu)
     assert naive.bound == "memory" and tiled.bound == "compute"
-    assert naive.flops == tiled.flops and naive.hbm_bytes > 5 * tiled.hbm_bytes
+    assert naive.flops == tiled.flops and naive.bytes > 5 * tiled.bytes
     assert naive.time > 3 * tiled.time
 
 

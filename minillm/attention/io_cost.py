@@ -19,12 +19,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minillm.hardware import Hardware, get_hardware
+from minillm.roofline import StepCost
 
 # Shared memory (the SRAM a kernel's tiles live in) per streaming multiprocessor, in bytes.
 # A100: 192 KB of L1/shared memory per SM, as FlashAttention's paper gives it (its section 2.1).
@@ -124,31 +124,6 @@ def attention_flops(N: int, D: int, H: int) -> float:
     return 4.0 * H * N * N * D
 
 
-@dataclass(frozen=True)
-class AttentionCost:
-    """One attention forward on one GPU's roofline: bytes through HBM, FLOPs, and the time each
-    takes at the datasheet's peak (seconds). The larger is the time it takes, at best."""
-
-    name: str
-    hbm_bytes: float
-    flops: float
-    memory_time: float
-    compute_time: float
-
-    @property
-    def time(self) -> float:
-        return max(self.memory_time, self.compute_time)
-
-    @property
-    def bound(self) -> Literal["memory", "compute"]:
-        return "memory" if self.memory_time > self.compute_time else "compute"
-
-    @property
-    def arithmetic_intensity(self) -> float:
-        """FLOPs per byte of HBM traffic."""
-        return self.flops / self.hbm_bytes
-
-
 def sram_bytes_of(hw: Hardware | str) -> int:
     """SRAM_PER_SM of a GPU, with an error that names the known ones."""
     name = get_hardware(hw).name
@@ -159,15 +134,20 @@ def sram_bytes_of(hw: Hardware | str) -> int:
 
 
 def attention_cost(N: int, D: int, H: int, hw: Hardware | str, dtype_bytes: float = 2,
-                   sram_bytes: int | None = None) -> tuple[AttentionCost, AttentionCost]:
-    """(naive, tiled) costs of one forward pass of N x N attention on hw (modelled)."""
+                   sram_bytes: int | None = None) -> tuple[StepCost, StepCost]:
+    """(naive, tiled) costs of one forward pass of N x N attention on hw's roofline (modelled):
+    roofline.StepCost, whose bytes are the HBM traffic counted above."""
     hw = get_hardware(hw)
     sram = sram_bytes_of(hw) if sram_bytes is None else sram_bytes
     flops = attention_flops(N, D, H)
-    counts = (("naive", hbm_bytes_naive(N, D, H, dtype_bytes)),
-              ("tiled", hbm_bytes_tiled(N, D, H, dtype_bytes, sram)))
-    return tuple(AttentionCost(name, nbytes, flops, nbytes / hw.bandwidth, flops / hw.flops)
-                 for name, nbytes in counts)  # type: ignore[return-value]
+
+    def cost(nbytes: float) -> StepCost:
+        compute_time, memory_time = flops / hw.flops, nbytes / hw.bandwidth
+        return StepCost(flops, nbytes, compute_time, memory_time, 0.0,
+                        max(compute_time, memory_time))
+
+    return (cost(hbm_bytes_naive(N, D, H, dtype_bytes)),
+            cost(hbm_bytes_tiled(N, D, H, dtype_bytes, sram)))
 
 
 @dataclass(frozen=True)
