@@ -62,6 +62,8 @@ class EngineConfig:
         "int8" or "fp8" (e4m3), one byte per value with a scale per layer, K/V and KV head:
         quantized as they are written, dequantized inside paged attention, so the same bytes
         hold 2x the tokens of a 16-bit pool (4x of fp32); see minillm.quant.kv.
+    max_logprobs: the most log-probabilities a request may ask for per token (vLLM's name and
+        default, 20): a request's logprobs=k above it is refused before it is queued.
     speculative_config: None, or speculative decoding's settings (minillm.spec): a
         SpeculativeConfig or vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4,
         "prompt_lookup_max": 3} or {"model": PATH, "num_speculative_tokens": 4}.
@@ -87,6 +89,7 @@ class EngineConfig:
     quantization: Quantization | None = None
     kv_cache_dtype: KVCacheDtype = "auto"
     speculative_config: SpeculativeConfig | None = None
+    max_logprobs: int = 20
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -134,6 +137,9 @@ class EngineConfig:
         ):
             raise ValueError(
                 f"max_trace_steps must be a positive integer or None, got {self.max_trace_steps!r}")
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
+                or self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be an integer >= 0, got {self.max_logprobs!r}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8' (weight-only int8, per "
                              f"output channel), got {self.quantization!r}")

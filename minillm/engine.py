@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,11 +20,13 @@ from minillm.model import LlamaForCausalLM
 from minillm.quant.kv import allocate_kv_pool
 from minillm.request import Request, RequestOutput
 from minillm.sampling import Sampler, SamplingParams
-from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from minillm.spec.decoder import SpeculativeDecoder
 from minillm.swap import KVSwapper, SwapSpace, num_swap_blocks
 from minillm.tokenizer import IncrementalDetokenizer
 from minillm.trace import StepRecord, step_record
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -107,10 +110,13 @@ class Engine:
             raise ValueError(f"priority must be an int (lower runs first), got {priority!r}")
         index = next(self._counter)
         request_id = str(index) if request_id is None else request_id
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {request_id!r:.80}")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        self._check_logprobs(params)
         token_ids = self._tokenize(prompt)
         self._check_fits(token_ids, params)
         generator = None
@@ -129,12 +135,21 @@ class Engine:
                                                                    req.prompt_token_ids)
         self.scheduler.add_request(req)
 
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """logprobs=k costs a (B, k) top-k and k entries per token of the response: bounded."""
+        k, most = params.logprobs, self.config.max_logprobs
+        if k is not None and k > min(most, self.model.config.vocab_size):
+            raise ValueError(f"logprobs={k} exceeds the most this engine returns, "
+                             f"max_logprobs={most} (vLLM's default; a vocabulary of "
+                             f"{self.model.config.vocab_size} tokens bounds it too)")
+
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
             token_ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        elif isinstance(prompt, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             token_ids = list(prompt)
         else:
             raise ValueError(f"a prompt must be a str or a list of token ids, got {prompt!r:.80}")
@@ -196,9 +211,10 @@ class Engine:
                   if self.trace_block_tables else {})  # copied now: finishing frees them
         batch = build_batch(out.scheduled, self.config.block_size, self.device)
         hidden = self._forward(batch)
-        emitted, logprobs = self._sample(batch, hidden, out)
+        emitted, logprobs, failed = self._sample(batch, hidden, out)
         now = self.clock()
-        num_accepted = {s.request.request_id: len(t) - 1 for s, t in zip(batch.sampled, emitted)}
+        num_accepted = {s.request.request_id: max(len(t) - 1, 0)
+                        for s, t in zip(batch.sampled, emitted)}
         for s in out.scheduled:
             req = s.request
             # The K/V of rejected proposals were written but do not count: later tokens overwrite
@@ -212,12 +228,16 @@ class Engine:
         outputs = []
         for s, tokens, token_logprobs in zip(batch.sampled, emitted, logprobs):
             req = s.request
-            for token, lp in zip(tokens, token_logprobs):
-                self._append_token(req, token, lp, now)
-                if req.finish_reason is not None:
-                    break
-            if self.spec is not None and req.finish_reason is None:
-                self.spec.settle(req, self.block_manager)
+            error = failed.get(req.request_id)
+            if error is None:
+                try:
+                    self._take_tokens(req, tokens, token_logprobs, now)
+                except Exception as e:  # this request's bookkeeping, not the step's
+                    error = f"{type(e).__name__}: {e}"
+                    log.warning("request %s failed after sampling", req.request_id,
+                                exc_info=True)
+            if error is not None and not req.is_finished:
+                self._fail(req, error, now)
             req.spec_token_ids = []
             outputs.append(RequestOutput.of(req))
         finished = [o.request_id for o in outputs if o.finished]
@@ -235,18 +255,83 @@ class Engine:
                           self.backend, kv_scales=self.kv_scales)
 
     def _sample(self, batch: Batch, hidden: torch.Tensor, out: SchedulerOutput
-                ) -> tuple[list[list[int]], list[list[dict[int, float] | None]]]:
+                ) -> tuple[list[list[int]], list[list[dict[int, float] | None]], dict[str, str]]:
         """Each sampled request's new tokens (one, or under speculative decoding its accepted
-        proposals and one more) and their logprobs (None where not asked for)."""
+        proposals and one more), their logprobs (None where not asked for), and the requests
+        whose sampling failed, with why. A failure of the batched call is retried one request
+        at a time, so it ends only the request that caused it (a seeded bystander's draw in
+        that one step may then differ from a run without the failure)."""
         if not batch.sampled:  # every request in the step is mid-prefill
-            return [], []
+            return [], [], {}
         logits = self.model.compute_logits(hidden[batch.sample_indices])  # (S, V)
-        params = [s.request.params for s in batch.sampled]
+        logits = self._mask_eos_before_min_tokens(logits, batch.sampled)
+        try:
+            return (*self._sample_rows(logits, batch.sampled, out), {})
+        except Exception:
+            log.warning("sampling a batch of %d failed: sampling each request alone",
+                        len(batch.sampled), exc_info=True)
+        emitted: list[list[int]] = []
+        logprobs: list[list[dict[int, float] | None]] = []
+        failed: dict[str, str] = {}
+        first = 0
+        for s in batch.sampled:
+            rows = 1 + len(s.request.spec_token_ids)  # its sample rows, in order
+            try:
+                tokens, lps = self._sample_rows(logits[first:first + rows], [s], out)
+            except Exception as e:
+                failed[s.request.request_id] = f"sampling failed: {type(e).__name__}: {e}"
+                tokens, lps = [[]], [[]]
+            emitted += tokens
+            logprobs += lps
+            first += rows
+        return emitted, logprobs, failed
+
+    def _sample_rows(self, logits: torch.Tensor, sampled: list[ScheduledRequest],
+                     out: SchedulerOutput
+                     ) -> tuple[list[list[int]], list[list[dict[int, float] | None]]]:
+        """Sample the rows of logits (1 + proposals per request in sampled, in order)."""
+        params = [s.request.params for s in sampled]
         if self.spec is None:
-            result = self.sampler(logits, params, [s.request.generator for s in batch.sampled])
+            result = self.sampler(logits, params, [s.request.generator for s in sampled])
             return [[t] for t in result.token_ids], [[lp] for lp in result.logprobs]
-        emitted = self.spec.verify(logits, batch.sampled, out)
-        return emitted, self.spec.logprobs(logits, batch.sampled, emitted)
+        emitted = self.spec.verify(logits, sampled, out)
+        return emitted, self.spec.logprobs(logits, sampled, emitted)
+
+    def _mask_eos_before_min_tokens(self, logits: torch.Tensor,
+                                    sampled: list[ScheduledRequest]) -> torch.Tensor:
+        """min_tokens: a row that predicts one of a request's first min_tokens output tokens
+        cannot pick end-of-sequence (vLLM masks it the same way). (S, V) -> (S, V)."""
+        if not self.eos_token_ids or all(s.request.params.min_tokens == 0 for s in sampled):
+            return logits
+        rows, first = [], 0
+        for s in sampled:
+            req, num_rows = s.request, 1 + len(s.request.spec_token_ids)
+            short = req.params.min_tokens - req.num_output_tokens  # row j predicts output j
+            rows += range(first, first + min(num_rows, max(short, 0)))
+            first += num_rows
+        if not rows:
+            return logits
+        eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
+        at = (torch.tensor(rows, device=logits.device)[:, None], eos[None, :])  # (R, 1), (1, E)
+        return logits.index_put(at, torch.tensor(float("-inf"), device=logits.device))
+
+    def _take_tokens(self, req: Request, tokens: list[int],
+                     token_logprobs: list[dict[int, float] | None], now: float) -> None:
+        """Append a request's tokens of this step until one finishes it."""
+        for token, lp in zip(tokens, token_logprobs):
+            self._append_token(req, token, lp, now)
+            if req.finish_reason is not None:
+                break
+        if self.spec is not None and req.finish_reason is None:
+            self.spec.settle(req, self.block_manager)
+
+    def _fail(self, req: Request, error: str, now: float) -> None:
+        """End one request with finish_reason "error" and free its blocks; others go on."""
+        req.finish_reason, req.error = "error", error
+        req.metrics.finished_time = now
+        self.scheduler.finish(req)
+        self.requests.pop(req.request_id, None)
+        self.detokenizers.pop(req.request_id, None)
 
     def _append_token(self, req: Request, token: int, logprobs: dict[int, float] | None,
                       now: float) -> None:
@@ -259,9 +344,10 @@ class Engine:
             m.first_token_time = now
         old_len = len(req.text)
         req.text += self.detokenizers[req.request_id].step(req.token_ids)
-        if self._hit_stop_string(req, old_len):
+        may_stop = req.num_output_tokens >= req.params.min_tokens
+        if may_stop and self._hit_stop_string(req, old_len):
             req.finish_reason = "stop"
-        elif token in self.eos_token_ids and not req.params.ignore_eos:
+        elif may_stop and token in self.eos_token_ids and not req.params.ignore_eos:
             req.finish_reason = "stop"
         elif req.num_output_tokens >= req.params.max_tokens:
             req.finish_reason = "length"

@@ -309,7 +309,8 @@ def normalize_prompts(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     """A str, a list of token ids, or a list of either, as a list of prompts."""
     if isinstance(prompts, str):
         return [prompts]
-    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+    if isinstance(prompts, (list, tuple)) and prompts and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [list(prompts)]  # type: ignore[arg-type]
     if isinstance(prompts, (list, tuple)) and prompts:
         return list(prompts)

@@ -11,7 +11,9 @@ import torch
 from minillm.metrics import RequestMetrics
 from minillm.sampling import SamplingParams
 
-FinishReason = Literal["length", "stop"]
+# "error": the request failed on its own (RequestOutput.error says why); others in its steps
+# went on. vLLM V1's FinishReason has the same three outcomes (and "abort").
+FinishReason = Literal["length", "stop", "error"]
 
 
 class RequestStatus(Enum):
@@ -52,6 +54,8 @@ class Request:
     finish_reason: FinishReason | None = None
     output_logprobs: list[dict[int, float]] = field(default_factory=list)
     text: str = ""
+    error: str | None = None  # why it failed, with finish_reason "error"
+    num_cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache gave at admission
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,8 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None
     metrics: RequestMetrics
     finished: bool
+    error: str | None = None  # set when finish_reason is "error": what failed
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (OpenAI's usage)
 
     @classmethod
     def of(cls, req: Request) -> RequestOutput:
@@ -110,4 +116,6 @@ class RequestOutput:
             logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
             metrics=req.metrics,
             finished=req.is_finished,
+            error=req.error,
+            num_cached_tokens=req.num_cached_tokens,
         )

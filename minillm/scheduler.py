@@ -291,6 +291,8 @@ class Scheduler:
         else:
             req.num_computed_tokens = num_cached_tokens
             req.num_prefill_tokens = req.num_tokens
+            if req.metrics.first_scheduled_time is None:  # its first admission, as vLLM counts
+                req.num_cached_tokens = num_cached_tokens
         req.status = RequestStatus.RUNNING
         i = len(self.running)
         while i > 0 and self.waiting.rank(self.running[i - 1]) > rank:

@@ -84,9 +84,13 @@ class SpeculativeDecoder:
         """The tokens each sampled request emits (minillm.spec.rejection.verify), counted."""
         reqs = [s.request for s in sampled]
         proposals = [r.spec_token_ids for r in reqs]
+        # Read, then forget once verified: a failed batch is verified again one request at a
+        # time (Engine._sample), with the same draft distributions.
         emitted = verify(logits, proposals,
-                         [self.draft_probs.pop(r.request_id, None) for r in reqs],
+                         [self.draft_probs.get(r.request_id) for r in reqs],
                          [r.params for r in reqs], [r.generator for r in reqs])
+        for r in reqs:
+            self.draft_probs.pop(r.request_id, None)
         for d, tokens in zip(proposals, emitted):
             if d:
                 self.num_drafts += 1
