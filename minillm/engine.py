@@ -117,7 +117,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         self._check_logprobs(params)
-        token_ids = self._tokenize(prompt)
+        token_ids = self.tokenize(prompt)
         self._check_fits(token_ids, params)
         generator = None
         if params.temperature > 0:
@@ -143,10 +143,16 @@ class Engine:
                              f"max_logprobs={most} (vLLM's default; a vocabulary of "
                              f"{self.model.config.vocab_size} tokens bounds it too)")
 
-    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """A prompt's token ids, checked: non-empty, valid text, ids inside the vocabulary."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would TypeError
+                raise ValueError(f"the prompt is not valid Unicode text ({e.reason} at "
+                                 f"character {e.start})") from None
             token_ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt):

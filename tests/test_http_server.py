@@ -207,7 +207,7 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(server):
     sock = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 1000, "ignore_eos": True,
                        "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
                  b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     received = b""
     while received.count(b"data: ") < 3:  # the stream is running
@@ -223,7 +223,7 @@ def test_a_client_that_hangs_up_before_a_whole_response_frees_its_blocks(server)
     before = metric(server, "vllm:generation_tokens_total")
     sock = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 1400, "ignore_eos": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
                  b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     wait_until(lambda: server.llm.stats()["num_running"] == 1)
     sock.close()
@@ -235,7 +235,6 @@ def test_a_client_that_hangs_up_before_a_whole_response_frees_its_blocks(server)
 BAD = [  # (body or raw bytes, the param the error must name)
     (b"{not json", None),
     (b"[1, 2]", None),
-    ({"model": "llama-9000", "prompt": "x"}, "model"),
     ({"prompt": "x", "max_tokens": 5000}, "max_tokens"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
@@ -352,11 +351,10 @@ def test_the_shipped_chat_template_is_the_training_scripts(llm):
 
 
 def test_console_script_passes_the_prefix_cache_flags_to_the_engine(monkeypatch):
-    import uvicorn
-
     from minillm.cli import main
+    from minillm.serve.app import GracefulServer
     served = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--enable-prefix-caching",
                  "--prefix-caching", "radix", "--scheduling-policy", "lpm"]) == 0
     config = served["app"].state.server.llm.config

@@ -5,17 +5,27 @@ Engine flags use vLLM's names, so a vLLM launch line carries over: --max-num-seq
 --scheduling-policy takes vLLM's fcfs or priority (a request's `priority` field, lower first) or
 SGLang's lpm; --prefix-caching picks vLLM's hash chain or SGLang's radix tree; --preemption-mode
 recompute or swap (to --swap-space GiB of host memory) says what preemption does to the KV.
+
+Safety: the server binds 127.0.0.1 and answers only to loopback Host names unless told
+otherwise. --api-key (or MINILLM_API_KEY) makes every route but /health and /metrics require
+`Authorization: Bearer KEY`; binding another address without a key is refused unless
+--allow-unauthenticated says so. Browsers are kept out (JSON bodies only, no CORS unless
+--allowed-origins), bodies are capped (--max-request-body-bytes) and a failed engine ends every
+request with an error and exits with status 1, for a supervisor to restart it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 from minillm.llm import LLM, default_model_path
+from minillm.serve.config import API_KEY_ENV, ServerConfig, is_loopback
 
 
 def json_object(text: str) -> dict:
@@ -72,8 +82,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-logprobs", type=int, default=20,
+                        help="the most log-probabilities a request may ask for per token")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
+    add_security_arguments(parser)
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("who may use the server, and how much")
+    group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                       help=f"require 'Authorization: Bearer KEY' on every route but /health "
+                            f"and /metrics (default: ${API_KEY_ENV})")
+    group.add_argument("--allow-unauthenticated", action="store_true",
+                       help="serve a non-loopback address without an API key (anyone who can "
+                            "reach it can use it)")
+    group.add_argument("--allowed-hosts", nargs="+", default=None, metavar="HOST",
+                       help="Host header names to answer to (default: the bound address and "
+                            "the loopback names; '*' for any)")
+    group.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                       help="browser origins allowed to call the API (CORS; default: none)")
+    group.add_argument("--max-request-body-bytes", type=int, default=ServerConfig.max_body_bytes,
+                       help="the largest request body accepted (413 above it)")
+    group.add_argument("--enable-api-docs", action="store_true",
+                       help="serve /docs, /redoc and /openapi.json (behind the key if any)")
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig of the flags; ValueError when the bind would be open to a network."""
+    if not is_loopback(args.host) and args.api_key is None and not args.allow_unauthenticated:
+        raise ValueError(f"--host {args.host} serves other machines, and there is no API key: "
+                         f"pass --api-key (or set {API_KEY_ENV}), or --allow-unauthenticated "
+                         "if an open server is really meant")
+    return ServerConfig(api_key=args.api_key, allowed_hosts=args.allowed_hosts,
+                        allowed_origins=tuple(args.allowed_origins),
+                        max_body_bytes=args.max_request_body_bytes,
+                        enable_docs=args.enable_api_docs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    import uvicorn
+    from minillm.serve.app import GracefulServer, build_app
 
-    from minillm.serve.app import build_app
-
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
     start = time.perf_counter()
     try:
+        config = server_config(args)
         llm = LLM(args.model, device=args.device, dtype=args.dtype,
                   max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens,
@@ -100,20 +144,28 @@ def main(argv: list[str] | None = None) -> int:
                   speculative_config=args.speculative_config,
                   enable_chunked_prefill=args.enable_chunked_prefill,
                   enable_cuda_graphs=not args.enforce_eager, seed=args.seed,
+                  max_logprobs=args.max_logprobs,
                   max_trace_steps=10_000)  # a server runs for days: keep the recent steps
     except (OSError, ValueError) as e:
         print(f"minillm serve: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or llm.model_name
-    app = build_app(llm, name)
+    app = build_app(llm, name, config, args.host)
     print(f"minillm serve: {name} on {llm.engine.device}, {llm.config.num_kv_blocks} KV blocks of "
           f"{llm.config.block_size} tokens, max_num_seqs {llm.config.max_num_seqs}; model loaded "
-          f"in {time.perf_counter() - start:.2f} s; http://{args.host}:{args.port}/v1",
-          flush=True)
-    # SIGINT/SIGTERM: uvicorn stops accepting, lets in-flight streams finish for up to 5 s, then
-    # the app's shutdown aborts what is left and frees its blocks.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+          f"in {time.perf_counter() - start:.2f} s; http://{args.host}:{args.port}/v1"
+          f"{'' if config.api_key else ' (no API key)'}", flush=True)
+    server = GracefulServer(app, args.host, args.port, args.log_level, config)
+    engine_loop = app.state.server.loop
+    # A dead engine: stop serving (uvicorn's flag, read by its main loop) and exit 1 below.
+    engine_loop.on_death = lambda: setattr(server, "should_exit", True)
+    # SIGINT/SIGTERM: uvicorn stops accepting; in-flight requests may finish for
+    # shutdown_grace seconds, then each ends with an error event or a 503 (GracefulServer).
+    server.run()
+    if engine_loop.error is not None:
+        print(f"minillm serve: the engine failed ({engine_loop.error!r}); exiting with status 1 "
+              "so that a supervisor restarts the server", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

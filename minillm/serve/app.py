@@ -1,46 +1,63 @@
 """The HTTP server: FastAPI routes over an EngineLoop, and start_server() for notebooks and tests.
 
-One request's life: the handler stamps its arrival, parses the body (protocol.py), validates
-and tokenizes it (Engine.make_request), hands it to the engine thread, and relays the outputs
-as they come, whole or as server-sent events. Every failure the client caused is a 400 with
-OpenAI's error object; nothing it does reaches another request.
+One request's life: the guard (guard.py) checks its Host, Origin, key and content type and reads
+its bounded body; the handler stamps its arrival, reserves an engine id, and on a worker thread
+(a 2 MB prompt takes seconds to tokenize, which must not stall the streams) parses the body
+(protocol.py), validates it and tokenizes it (Engine.make_request); then it hands the request to
+the engine thread and relays the outputs as they come, whole or as server-sent events. Every
+failure the client caused is a 4xx with OpenAI's error object; nothing it does reaches another
+request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from minillm.llm import LLM
 from minillm.request import RequestOutput
+from minillm.serve.config import ServerConfig
 from minillm.serve.engine_loop import EngineDead, EngineLoop
+from minillm.serve.guard import Guard
 from minillm.serve.prometheus import ServerMetrics
 from minillm.serve.protocol import (
     APIError,
     ParsedRequest,
     ResponseWriter,
     check_model,
+    engine_param,
     parse_chat,
     parse_completion,
 )
+
+log = logging.getLogger(__name__)
+MAX_LABEL_CHARS = 256  # an X-Request-Id is echoed, logged and traced: keep it a label
 
 
 class Server:
     """The routes' shared state: the LLM, its engine loop, its metrics, its name."""
 
-    def __init__(self, llm: LLM, model_name: str):
-        self.llm, self.model_name = llm, model_name
+    def __init__(self, llm: LLM, model_name: str, config: ServerConfig):
+        self.llm, self.model_name, self.config = llm, model_name, config
         self.metrics = ServerMetrics(llm.engine, model_name)
         self.loop = EngineLoop(llm, self.metrics.on_step)
+        # Parsing, the chat template and tokenizing run here, off the event loop.
+        self.workers = ThreadPoolExecutor(2, thread_name_prefix="minillm-tokenize")
+        c = llm.config
+        self.capacity = min(c.max_model_len, c.num_kv_blocks * c.block_size)
 
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The checkpoint's own chat template (the shipped model's writes a play) as token ids."""
@@ -51,31 +68,54 @@ class Server:
         return list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                             return_dict=False))
 
-    async def handle(self, raw: Request, chat: bool) -> Response:
-        arrival = time.perf_counter()  # the server's clock for TTFT starts here
+    def parse_body(self, data: bytes) -> dict[str, Any]:
         try:
-            body = json.loads(await raw.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(f"the request body is not valid JSON: {e}") from None
+            body = json.loads(data)
+        except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, 5,000 digits, nesting
+            raise APIError(f"the request body is not valid JSON: {str(e)[:200]}") from None
         if not isinstance(body, dict):
             raise APIError(f"the request body must be a JSON object, got {body!r:.80}")
+        return body
+
+    def prepare(self, data: bytes, chat: bool, request_id: str, arrival: float
+                ) -> tuple[ParsedRequest, Any]:
+        """On a worker thread: the body checked and tokenized, as a Request not yet queued."""
+        body = self.parse_body(data)
         check_model(body, self.model_name)
-        max_len = self.llm.config.max_model_len
-        parsed = (parse_chat(body, self.render_chat, max_len) if chat
+        parsed = (parse_chat(body, self.render_chat, self.capacity) if chat
                   else parse_completion(body))
-        # A client may name its request (X-Request-Id, as in vLLM): the engine's trace then uses
-        # its name, so a benchmark's records map onto the engine's steps.
-        prefix = "chatcmpl" if chat else "cmpl"
-        client_id = raw.headers.get("x-request-id")
-        request_id = client_id or f"{prefix}-{uuid.uuid4().hex}"
         try:
             req = self.loop.make_request(parsed.prompt, parsed.params, request_id, arrival,
                                          parsed.priority)
         except ValueError as e:
-            param = ("max_tokens" if "max_tokens" in str(e) else None if "request_id" in str(e)
-                     else "messages" if chat else "prompt")
-            raise APIError(str(e), param) from None
-        response_id = f"{prefix}-{client_id}" if client_id else request_id
+            param = engine_param(str(e), chat)
+            message = f"{param}: {e}" if param == "top_logprobs" else str(e)
+            raise APIError(message, param) from None
+        return parsed, req
+
+    @staticmethod
+    def label(raw: Request) -> str | None:
+        """The client's X-Request-Id: echoed in the response id and used as the engine's id
+        while no request in flight holds it."""
+        label = raw.headers.get("x-request-id")
+        if label is not None and (len(label) > MAX_LABEL_CHARS or not label.isprintable()):
+            raise APIError(f"X-Request-Id must be at most {MAX_LABEL_CHARS} printable "
+                           f"characters, got {len(label)}", "X-Request-Id")
+        return label or None
+
+    async def handle(self, raw: Request, chat: bool) -> Response:
+        arrival = time.perf_counter()  # the server's clock for TTFT starts here
+        label = self.label(raw)
+        data = await raw.body()  # already read, whole and bounded, by the guard
+        prefix = "chatcmpl" if chat else "cmpl"
+        request_id = self.loop.reserve_id(prefix, label)
+        try:
+            parsed, req = await asyncio.get_running_loop().run_in_executor(
+                self.workers, self.prepare, data, chat, request_id, arrival)
+        except BaseException:  # refused, or the client left while it was being tokenized
+            self.loop.release_id(request_id)
+            raise
+        response_id = f"{prefix}-{label}" if label else request_id
         writer = ResponseWriter(response_id, self.model_name, parsed, self.llm.tokenizer)
         outputs = self.loop.stream(req)
         if parsed.stream:
@@ -84,6 +124,9 @@ class Server:
         last = await self._last(outputs, raw)
         if last is None:  # nobody is listening; 499 is nginx's "client closed request"
             return Response(status_code=499)
+        if last.finish_reason == "error":
+            raise APIError(f"the request failed: {last.error}", status=500,
+                           kind="InternalServerError")
         return JSONResponse(writer.response(last))
 
     @staticmethod
@@ -97,66 +140,118 @@ class Server:
             return last
 
         task = asyncio.ensure_future(collect())
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            if await raw.is_disconnected():
-                task.cancel()  # closes the stream, which aborts the request
-                return None
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.5)
+                if done:
+                    return task.result()
+                if await raw.is_disconnected():
+                    task.cancel()  # closes the stream, which aborts the request
+                    return None
+        finally:
+            task.cancel()
 
     @staticmethod
     async def _events(outputs: AsyncIterator[RequestOutput], writer: ResponseWriter,
                       parsed: ParsedRequest) -> AsyncIterator[str]:
-        """Server-sent events: a chunk per step with new text, the usage chunk, [DONE].
-        When the client disconnects, this generator is closed, and so is outputs: abort."""
+        """Server-sent events: the role chunk with the first token (chat), a chunk per step with
+        new text, the usage chunk, [DONE]. A failure is an error event, then [DONE]. When the
+        client disconnects, this generator is closed, and so is outputs: abort."""
         def event(payload: dict[str, Any]) -> str:
             return f"data: {json.dumps(payload)}\n\n"
 
-        first = writer.first_chunk()
-        if first is not None:
-            yield event(first)
-        last = None
+        first, last = writer.first_chunk(), None
         try:
             async for last in outputs:
+                if last.finish_reason == "error":
+                    yield event(APIError(f"the request failed: {last.error}", status=500,
+                                         kind="InternalServerError").body())
+                    break
+                if first is not None:
+                    yield event(first)
+                    first = None
                 chunk = writer.chunk(last)
                 if chunk is not None:
                     yield event(chunk)
+            else:
+                if parsed.include_usage and last is not None:
+                    yield event(writer.usage_chunk(last))
         except EngineDead as e:
-            yield event(APIError(str(e), status=500, kind="InternalServerError").body())
-        else:
-            if parsed.include_usage and last is not None:
-                yield event(writer.usage_chunk(last))
+            yield event(engine_error(e).body())
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
         yield "data: [DONE]\n\n"
 
 
-def build_app(llm: LLM, model_name: str | None = None) -> FastAPI:
-    """The OpenAI-compatible app serving llm; its engine loop runs while the app does."""
+def engine_error(e: EngineDead) -> APIError:
+    """A failed engine is a 500, a stopped one (shutting down) a 503."""
+    return APIError(str(e), status=e.status, kind="InternalServerError" if e.status == 500
+                    else "ServiceUnavailable")
+
+
+def tokenize_routes(app: FastAPI, server: Server) -> None:
+    """vLLM's /tokenize and /detokenize, which benchmark clients use to align prompt lengths."""
+    tok = server.llm.tokenizer
+
+    @app.post("/tokenize")
+    async def tokenize(raw: Request) -> dict[str, Any]:
+        body = server.parse_body(await raw.body())
+        check_model(body, server.model_name)
+        if "messages" in body:
+            ids = parse_chat(body, server.render_chat, server.capacity).prompt
+        elif isinstance(body.get("prompt"), str):
+            if tok is None:
+                raise APIError("this checkpoint has no tokenizer", "prompt")
+            try:
+                ids = await asyncio.get_running_loop().run_in_executor(
+                    server.workers, server.llm.engine.tokenize, body["prompt"])
+            except ValueError as e:
+                raise APIError(str(e), "prompt") from None
+        else:
+            raise APIError("tokenize takes a prompt string or chat messages", "prompt")
+        return {"count": len(ids), "max_model_len": server.llm.config.max_model_len,
+                "tokens": list(ids), "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize(raw: Request) -> dict[str, Any]:
+        body = server.parse_body(await raw.body())
+        check_model(body, server.model_name)
+        ids, vocab = body.get("tokens"), server.llm.model.config.vocab_size
+        if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+            raise APIError(f"tokens must be a list of token ids in [0, {vocab})", "tokens")
+        if tok is None:
+            raise APIError("this checkpoint has no tokenizer", "tokens")
+        return {"prompt": tok.decode(ids)}
+def build_app(llm: LLM, model_name: str | None = None, config: ServerConfig | None = None,
+              bound_host: str = "127.0.0.1") -> FastAPI:
+    """The OpenAI-compatible app serving llm; its engine loop runs while the app does.
+    config: the guards and limits (default ServerConfig()); bound_host: the address the server
+    listens on, which decides the Host names it answers to."""
     model_name = model_name or llm.model_name
-    server = Server(llm, model_name)
+    config = config or ServerConfig()
+    server = Server(llm, model_name, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         server.loop.start()
         yield
         server.loop.stop()  # aborts whatever the graceful shutdown did not finish
+        server.workers.shutdown(wait=False, cancel_futures=True)
 
+    docs = {} if config.enable_docs else {"docs_url": None, "redoc_url": None,
+                                          "openapi_url": None}
     app = FastAPI(title="minillm", summary="An OpenAI-compatible server for minillm",
-                  lifespan=lifespan)
+                  lifespan=lifespan, **docs)
     app.state.server = server
+    if config.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"])
+    app.add_middleware(Guard, config=config, bound_host=bound_host)  # outermost: first
+    add_error_handlers(app)
 
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(EngineDead)
-    async def engine_dead(_: Request, e: EngineDead) -> JSONResponse:
-        return JSONResponse(APIError(str(e), status=503, kind="ServiceUnavailable").body(),
-                            status_code=503)
-
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         return Response(status_code=200 if server.loop.alive else 503)
 
@@ -164,9 +259,10 @@ def build_app(llm: LLM, model_name: str | None = None) -> FastAPI:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": 0, "owned_by": "minillm",
-            "max_model_len": llm.config.max_model_len}]}
+            "root": model_name, "parent": None, "max_model_len": llm.config.max_model_len,
+            "permission": []}]}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> Response:
         return Response(server.metrics.exposition(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -179,7 +275,59 @@ def build_app(llm: LLM, model_name: str | None = None) -> FastAPI:
     async def chat_completions(raw: Request) -> Response:
         return await server.handle(raw, chat=True)
 
+    tokenize_routes(app, server)
     return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error object, 404 and 405 included; a bug is a logged 500."""
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(EngineDead)
+    async def engine_dead(_: Request, e: EngineDead) -> JSONResponse:
+        return JSONResponse(engine_error(e).body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(e.status_code,
+                                                                        "BadRequestError")
+        return JSONResponse(APIError(str(e.detail), status=e.status_code, kind=kind).body(),
+                            status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def bug(raw: Request, e: Exception) -> JSONResponse:
+        log.error("unexpected error on %s %s", raw.method, raw.url.path, exc_info=e)
+        return JSONResponse(APIError(f"internal error: {type(e).__name__}", status=500,
+                                     kind="InternalServerError").body(), status_code=500)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn, with a shutdown that ends every request with a word.
+
+    On SIGINT/SIGTERM uvicorn stops accepting, waits for open connections, and after its own
+    timeout cancels the handlers before the app's shutdown runs, which would cut a stream with
+    no error event. So the engine loop is stopped first, after shutdown_grace seconds: each
+    stream still running gets an error event and [DONE], each whole response a 503; uvicorn's
+    timeout is set a few seconds later, to let those last bytes go out."""
+
+    def __init__(self, app: FastAPI, host: str, port: int, log_level: str,
+                 config: ServerConfig):
+        self.grace = config.shutdown_grace
+        self.engine_loop = app.state.server.loop
+        super().__init__(uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, http="h11",
+            h11_max_incomplete_event_size=config.max_header_bytes,
+            timeout_graceful_shutdown=int(config.shutdown_grace) + 5))
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.grace, self.engine_loop.request_stop)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
 
 
 class RunningServer:
@@ -206,20 +354,19 @@ class RunningServer:
 
 
 def start_server(llm: LLM, host: str = "127.0.0.1", port: int = 0,
-                 model_name: str | None = None, timeout: float = 30.0) -> RunningServer:
+                 model_name: str | None = None, timeout: float = 30.0,
+                 config: ServerConfig | None = None) -> RunningServer:
     """Serve llm over HTTP from a background thread of this process; port 0 picks a free one.
 
-    model_name is what clients send as `model` (default: the checkpoint folder's name).
-    Returns once the server accepts connections. The engine is then driven by the server's
-    thread: read llm.trace and llm.stats() freely, but do not call llm.generate meanwhile.
+    model_name is what clients send as `model` (default: the checkpoint folder's name); config
+    the guards and limits (an api_key, allowed hosts and origins, the body limit). Returns once
+    the server accepts connections. The engine is then driven by the server's thread: read
+    llm.trace and llm.stats() freely, but do not call llm.generate meanwhile.
     """
-    import uvicorn
-
     model_name = model_name or llm.model_name
-    app = build_app(llm, model_name)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    config = config or ServerConfig()
+    server = GracefulServer(build_app(llm, model_name, config, host), host, port, "warning",
+                            config)
     thread = threading.Thread(target=server.run, name="minillm-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

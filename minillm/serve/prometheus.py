@@ -90,6 +90,8 @@ class ServerMetrics:
         carry the step's time): their latencies go to the histograms."""
         self.refresh()
         for out in outputs:
+            if out.finish_reason == "error":  # it failed in this step: no token came of it
+                continue
             m = out.metrics
             times = m.token_times
             new = 1
