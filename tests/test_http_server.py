@@ -207,8 +207,9 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(server):
     sock = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 1000, "ignore_eos": True,
                        "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
     received = b""
     while received.count(b"data: ") < 3:  # the stream is running
         received += sock.recv(65536)
@@ -223,8 +224,9 @@ def test_a_client_that_hangs_up_before_a_whole_response_frees_its_blocks(server)
     before = metric(server, "vllm:generation_tokens_total")
     sock = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 1400, "ignore_eos": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
     wait_until(lambda: server.llm.stats()["num_running"] == 1)
     sock.close()
     wait_until(lambda: server.llm.stats()["num_free_blocks"] == NUM_BLOCKS)
@@ -293,7 +295,8 @@ def test_a_failed_step_fails_its_requests_and_health():
             raise RuntimeError("simulated kernel failure")
         llm.engine.step = broken
         status, reply = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})
-        assert status == 503 and "simulated kernel failure" in reply["error"]["message"]
+        # the server's fault, so a 500 (as vLLM answers); afterwards the engine is gone: 503
+        assert status == 500 and "simulated kernel failure" in reply["error"]["message"]
         with pytest.raises(urllib.error.HTTPError, match="503"):
             urllib.request.urlopen(server.url + "/health")
     assert llm.stats()["num_free_blocks"] == 32

@@ -16,6 +16,14 @@ from minillm.sampling import Sampler, SamplingParams, apply_top_k_top_p
     ({"temperature": -0.1}, "temperature"), ({"temperature": math.nan}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
     ({"logprobs": -1}, "logprobs"), ({"stop": ""}, "stop"), ({"stop": ["ok", ""]}, "stop"),
+    # each of these was accepted once, and failed deep inside generate or behaved wrongly
+    ({"logprobs": True}, "logprobs"), ({"seed": 2**64}, "seed"), ({"seed": 1.5}, "seed"),
+    ({"stop": 5}, "stop"), ({"stop": [5]}, "stop"), ({"stop": "\ud800"}, "stop"),
+    ({"temperature": "hot"}, "temperature"), ({"temperature": None}, "temperature"),
+    ({"temperature": math.inf}, "temperature"), ({"temperature": 10**400}, "temperature"),
+    ({"top_k": 10**400}, "top_k"), ({"top_k": 2.0}, "top_k"), ({"top_p": "1"}, "top_p"),
+    ({"max_tokens": True}, "max_tokens"), ({"ignore_eos": "no"}, "ignore_eos"),
+    ({"min_tokens": -1}, "min_tokens"), ({"min_tokens": 17}, "min_tokens"),
 ])
 def test_bad_params_name_the_value(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -264,3 +272,75 @@ def test_sampled_frequencies_follow_the_filtered_distribution(params, expected):
     assert counts[~kept].sum() == 0  # filtered tokens are never drawn
     chi2 = ((counts[kept] - N * p[kept]) ** 2 / (N * p[kept])).sum().item()
     assert chi2 < CHI2_CRITICAL_1E4[int(kept.sum()) - 1], chi2
+
+
+def test_a_temperature_that_underflows_float32_is_greedy():
+    assert SamplingParams(temperature=1e-50).temperature == 0.0
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5  # vLLM's _SAMPLING_EPS
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from minillm import LLM
+    return LLM(device="cpu", num_kv_blocks=32)
+
+
+def test_the_engine_refuses_what_the_sampler_could_not_do(llm):
+    for params in (SamplingParams(logprobs=10**6), SamplingParams(logprobs=21)):
+        with pytest.raises(ValueError, match="max_logprobs=20"):
+            llm.generate("x", params, use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt"):
+        llm.generate([True, False], SamplingParams(), use_tqdm=False)  # not token ids 1, 0
+    assert llm.stats()["num_free_blocks"] == 32
+    tiny = SamplingParams(temperature=1e-50, max_tokens=6, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    assert llm.generate("ROMEO.\n", tiny, use_tqdm=False)[0].text == \
+        llm.generate("ROMEO.\n", greedy, use_tqdm=False)[0].text != ""
+
+
+def test_min_tokens_masks_eos_and_delays_stop_strings(llm):
+    engine = llm.engine
+    plain = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=12,
+                                                     ignore_eos=True), use_tqdm=False)[0]
+    eos = engine.eos_token_ids
+    engine.eos_token_ids = {plain.token_ids[0]}  # make the greedy first token the "EOS"
+    try:
+        stopped = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=12),
+                               use_tqdm=False)[0]
+        held = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=12,
+                                                        min_tokens=3), use_tqdm=False)[0]
+    finally:
+        engine.eos_token_ids = eos
+    assert stopped.token_ids == plain.token_ids[:1] and stopped.finish_reason == "stop"
+    assert held.token_ids[0] != plain.token_ids[0]  # masked, so the runner-up is picked
+    assert len(held.token_ids) >= 3
+    stop = plain.text[2:4]  # a stop string the text reaches within its first tokens
+    early = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=12, stop=stop,
+                                                     ignore_eos=True), use_tqdm=False)[0]
+    late = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=12, stop=stop,
+                                                    ignore_eos=True, min_tokens=12),
+                        use_tqdm=False)[0]
+    assert early.finish_reason == "stop" and len(early.token_ids) < 12
+    assert late.finish_reason == "length" and late.token_ids == plain.token_ids
+
+
+def test_a_failing_sample_ends_only_its_request(llm):
+    engine, sampler = llm.engine, llm.engine.sampler
+
+    def fragile(logits, params, generators):
+        if any(p.seed == 99 for p in params):
+            raise RuntimeError("simulated sampler fault")
+        return sampler(logits, params, generators)
+
+    engine.sampler = fragile
+    try:
+        bad, good = llm.generate(["KING.\n", "KING.\n"], [
+            SamplingParams(max_tokens=5, seed=99), SamplingParams(max_tokens=5, temperature=0)],
+            use_tqdm=False)
+    finally:
+        engine.sampler = sampler
+    want = llm.generate("KING.\n", SamplingParams(max_tokens=5, temperature=0),
+                        use_tqdm=False)[0]
+    assert bad.finish_reason == "error" and "simulated sampler fault" in bad.error
+    assert good.finish_reason == "length" and good.text == want.text
+    assert llm.stats()["num_free_blocks"] == 32

@@ -610,3 +610,15 @@ def test_shutdown_ends_long_requests_with_an_error_not_silence():
     check_error(code, reply, 503, None)
     assert "shutting down" in reply["error"]["message"]
     assert llm.stats()["num_free_blocks"] == 128
+
+
+def test_the_key_can_come_from_the_environment(monkeypatch):
+    import argparse
+
+    from minillm.serve.__main__ import add_arguments, server_config
+
+    monkeypatch.setenv("MINILLM_API_KEY", "from-env")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert server_config(parser.parse_args(["--host", "0.0.0.0"])).api_key == "from-env"
+    assert server_config(parser.parse_args(["--api-key", "flag"])).api_key == "flag"

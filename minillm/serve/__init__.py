@@ -1,7 +1,9 @@
 """minillm serve: an OpenAI-compatible HTTP server over the engine, and a benchmark client.
 
     engine_loop.py  the engine on a thread of its own; each request's outputs as an async stream
-    protocol.py     OpenAI request bodies -> SamplingParams; responses, stream chunks, 400 errors
+    protocol.py     OpenAI request bodies -> SamplingParams; responses, stream chunks, 4xx errors
+    config.py       ServerConfig: the API key, allowed hosts and origins, body and header limits
+    guard.py        what a request must pass before any route: Host, Origin, key, JSON, body size
     prometheus.py   GET /metrics under vLLM's V1 names
     app.py          the FastAPI routes; start_server() runs one on a background thread
     __main__.py     `minillm serve [MODEL] --port 8000 ...` (python -m minillm.serve)
@@ -14,6 +16,7 @@ from typing import Any
 # Names load on first use, so `minillm.serve.datasets` (the benchmark's prompt sets) imports
 # without FastAPI or aiohttp, as on a GPU machine that has neither.
 _HOME = {"RunningServer": "app", "build_app": "app", "start_server": "app",
+         "ServerConfig": "config",
          "benchmark": "client", "abenchmark": "client", "load_dataset": "datasets"}
 __all__ = sorted(_HOME)
 

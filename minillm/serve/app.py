@@ -251,7 +251,7 @@ def build_app(llm: LLM, model_name: str | None = None, config: ServerConfig | No
     app.add_middleware(Guard, config=config, bound_host=bound_host)  # outermost: first
     add_error_handlers(app)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200 if server.loop.alive else 503)
 
@@ -262,10 +262,13 @@ def build_app(llm: LLM, model_name: str | None = None, config: ServerConfig | No
             "root": model_name, "parent": None, "max_model_len": llm.config.max_model_len,
             "permission": []}]}
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    @app.get("/metrics")
     async def metrics() -> Response:
         return Response(server.metrics.exposition(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    for path, route in (("/health", health), ("/metrics", metrics)):  # probes use HEAD too
+        app.add_api_route(path, route, methods=["HEAD"], include_in_schema=False)
 
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
