@@ -16,11 +16,10 @@ PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?\n"
 
 
 def test_console_script_passes_speculation_and_kv_dtype_to_the_engine(monkeypatch):
-    import uvicorn
-
     from minillm.cli import main
+    from minillm.serve.app import GracefulServer
     served = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--speculative-config",
                  json.dumps(NGRAM), "--kv-cache-dtype", "auto"]) == 0
     config = served["app"].state.server.llm.config
