@@ -30,7 +30,7 @@ class ServerConfig:
         host and the loopback names; ("*",) allows any.
     allowed_origins: the browser origins that may call the API cross-origin (CORS); empty,
         the default, turns CORS off and refuses requests that carry another site's Origin.
-        vLLM's --allowed-origins defaults to ["*"]: minillm's default is closed.
+        (vLLM 0.33.0's --allowed-origins defaults to none as well; 0.11.0's was ["*"].)
     max_body_bytes: the largest request body (413 above it).
     body_timeout: seconds a client has to send its whole body (408 after it).
     max_header_bytes: the largest request head (request line and headers) h11 will parse.

@@ -28,7 +28,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = ("/health", "/metrics")  # as in vLLM: a load balancer and Prometheus need no key
+# A load balancer and Prometheus need no key. vLLM 0.33.0 guards only paths under /v1 (its
+# /tokenize is open) and refuses with {"error": "Unauthorized"}; minillm guards every other path.
+OPEN_PATHS = ("/health", "/metrics")
 
 
 class Refused(Exception):
