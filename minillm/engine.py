@@ -19,7 +19,7 @@ from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
 from minillm.quant.kv import allocate_kv_pool
 from minillm.request import Request, RequestOutput
-from minillm.sampling import Sampler, SamplingParams
+from minillm.sampling import Sampler, SamplingParams, check_unicode
 from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from minillm.spec.decoder import SpeculativeDecoder
 from minillm.swap import KVSwapper, SwapSpace, num_swap_blocks
@@ -148,12 +148,7 @@ class Engine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would TypeError
-                raise ValueError(f"the prompt is not valid Unicode text ({e.reason} at "
-                                 f"character {e.start})") from None
-            token_ids = self.tokenizer.encode(prompt)
+            token_ids = self.tokenizer.encode(check_unicode("the prompt", prompt))
         elif isinstance(prompt, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             token_ids = list(prompt)
@@ -190,9 +185,7 @@ class Engine:
         self._check_thread()
         if request_id not in self.requests:
             raise ValueError(f"no unfinished request with request_id {request_id!r}")
-        req = self.requests.pop(request_id)
-        self.detokenizers.pop(request_id)
-        self.scheduler.finish(req)
+        self._retire(self.requests[request_id])
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -335,9 +328,12 @@ class Engine:
         """End one request with finish_reason "error" and free its blocks; others go on."""
         req.finish_reason, req.error = "error", error
         req.metrics.finished_time = now
+        self._retire(req)
+
+    def _retire(self, req: Request) -> None:
+        """Free a finished, failed or aborted request's blocks and forget it."""
         self.scheduler.finish(req)
-        self.requests.pop(req.request_id, None)
-        self.detokenizers.pop(req.request_id, None)
+        del self.requests[req.request_id], self.detokenizers[req.request_id]
 
     def _append_token(self, req: Request, token: int, logprobs: dict[int, float] | None,
                       now: float) -> None:
@@ -362,8 +358,7 @@ class Engine:
             if req.spec_token_ids:  # accepted proposals past the stop are not the request's
                 req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                 self.block_manager.cache_full_blocks(req)
-            self.scheduler.finish(req)
-            del self.requests[req.request_id], self.detokenizers[req.request_id]
+            self._retire(req)
 
     @staticmethod
     def _hit_stop_string(req: Request, old_len: int) -> bool:

@@ -38,16 +38,22 @@ def _real(name: str, value: object, what: str) -> float:
     return number
 
 
-def _text(name: str, value: object) -> str:
-    """A non-empty string that UTF-8 can encode (a lone surrogate such as "\\ud800" cannot)."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r:.80}")
+def check_unicode(name: str, text: str) -> str:
+    """text, if UTF-8 can encode it (a lone surrogate such as "\\ud800", which JSON can carry,
+    cannot, and a tokenizer then fails with a TypeError); else a ValueError naming it."""
     try:
-        value.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"{name} is not valid Unicode text ({e.reason} at character "
                          f"{e.start})") from None
-    return value
+    return text
+
+
+def _text(name: str, value: object) -> str:
+    """A non-empty string that UTF-8 can encode."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r:.80}")
+    return check_unicode(name, value)
 
 
 @dataclass(frozen=True)

@@ -355,7 +355,7 @@ def test_the_shipped_chat_template_is_the_training_scripts(llm):
 
 def test_console_script_passes_the_prefix_cache_flags_to_the_engine(monkeypatch):
     from minillm.cli import main
-    from minillm.serve.app import GracefulServer
+    from minillm.serve.running import GracefulServer
     served = {}
     monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--enable-prefix-caching",

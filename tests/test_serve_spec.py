@@ -17,7 +17,7 @@ PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?\n"
 
 def test_console_script_passes_speculation_and_kv_dtype_to_the_engine(monkeypatch):
     from minillm.cli import main
-    from minillm.serve.app import GracefulServer
+    from minillm.serve.running import GracefulServer
     served = {}
     monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--speculative-config",

@@ -5,7 +5,8 @@
     config.py       ServerConfig: the API key, allowed hosts and origins, body and header limits
     guard.py        what a request must pass before any route: Host, Origin, key, JSON, body size
     prometheus.py   GET /metrics under vLLM's V1 names
-    app.py          the FastAPI routes; start_server() runs one on a background thread
+    app.py          the FastAPI routes: completions, chat, models, tokenize, health, metrics
+    running.py      uvicorn with a graceful shutdown; start_server() on a background thread
     __main__.py     `minillm serve [MODEL] --port 8000 ...` (python -m minillm.serve)
     client.py       benchmark(): measure any OpenAI-compatible server as vLLM's benchmark does
     datasets.py     the prompt sets a benchmark sends: random, shakespeare, sharegpt
@@ -15,7 +16,7 @@ from typing import Any
 
 # Names load on first use, so `minillm.serve.datasets` (the benchmark's prompt sets) imports
 # without FastAPI or aiohttp, as on a GPU machine that has neither.
-_HOME = {"RunningServer": "app", "build_app": "app", "start_server": "app",
+_HOME = {"RunningServer": "running", "build_app": "app", "start_server": "running",
          "ServerConfig": "config",
          "benchmark": "client", "abenchmark": "client", "load_dataset": "datasets"}
 __all__ = sorted(_HOME)

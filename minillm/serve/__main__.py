@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    from minillm.serve.app import GracefulServer, build_app
+    from minillm.serve.app import build_app
+    from minillm.serve.running import GracefulServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
     start = time.perf_counter()

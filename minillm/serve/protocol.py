@@ -19,7 +19,7 @@ from typing import Any
 
 from minillm.llm import Prompt
 from minillm.request import RequestOutput
-from minillm.sampling import SamplingParams
+from minillm.sampling import SamplingParams, check_unicode
 
 Json = dict[str, Any]
 MAX_STOP_STRINGS = 4  # OpenAI's limit; each is checked against the text after every token
@@ -176,11 +176,9 @@ def _content_text(content: Any, i: int) -> str:
         text = "".join(p["text"] for p in content)
     if text is not None:
         try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate such as "\ud800"
-            raise APIError(f"messages[{i}].content is not valid Unicode text ({e.reason} at "
-                           f"character {e.start})", f"messages[{i}].content") from None
-        return text
+            return check_unicode(f"messages[{i}].content", text)
+        except ValueError as e:
+            raise APIError(str(e), f"messages[{i}].content") from None
     raise APIError(f"messages[{i}].content must be a string or a list of text parts, got "
                    f"{content!r:.80}", f"messages[{i}].content")
 
