@@ -53,6 +53,8 @@ Module map (one concept each):
                      chunk size, then a goodput search in the simulator) and its reasoning
     capstone.py      chapter 11's capstone scenarios, evaluate() and the recipe's reference
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
+    autoscale.py     what a fleet scales on: GPU busy time, queue depth, SLO attainment; the
+                     replica count each rule settles on, and /metrics parsing
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
     quant/           weight-only int8 (per-channel scales; a Triton GEMM on CUDA): quantization=;

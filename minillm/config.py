@@ -9,9 +9,10 @@ from minillm.spec.config import SpeculativeConfig
 
 Scheduling = Literal["continuous", "static"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
-PrefixCaching = Literal["hash", "radix"]
+PrefixCaching = Literal["hash", "radix", "radix-token"]
 SchedulingPolicy = Literal["fcfs", "priority", "lpm"]
 PreemptionMode = Literal["recompute", "swap"]
+PriorityPreemption = Literal["out_of_blocks", "for_waiting"]
 Quantization = Literal["int8"]
 KVCacheDtype = Literal["auto", "int8", "fp8"]
 # Above this many blocks a step's trace copy of the cached free blocks (up to the whole pool)
@@ -29,14 +30,30 @@ class EngineConfig:
     enable_chunked_prefill: split long prompts into chunks that share steps with decodes.
     enable_prefix_caching: reuse the KV blocks of an identical, already computed prefix.
     prefix_caching: how cached blocks are found and evicted: "hash" (vLLM's chain of block
-        hashes, least recently freed block reused first) or "radix" (SGLang's RadixAttention
-        tree, least recently used unheld leaf evicted); see minillm.kv_cache.
+        hashes, least recently freed block reused first), "radix" (SGLang's RadixAttention
+        tree, least recently used unheld leaf evicted; whole blocks, so the same hits as "hash")
+        or "radix-token" (the same tree matched token by token, as SGLang's default page size
+        of 1 does: a match that ends inside a block reuses its first tokens by copying that
+        block); see minillm.kv_cache.
     scheduling_policy: the order waiting requests are admitted in: "fcfs" (arrival),
-        "priority" (each request's priority, lower first as in vLLM, ties by arrival; a waiting
-        request may preempt a running one of lower priority; waiting ages a request's priority
-        so nothing starves) or "lpm" (SGLang's longest prefix match: the longest cached prefix
-        first, with a bound on how long a request can be passed over; needs prefix caching).
+        "priority" (each request's priority, lower first as in vLLM, ties by arrival; waiting
+        ages a request's priority, priority_aging_steps, so nothing starves) or "lpm"
+        (SGLang's longest prefix match: the longest cached prefix first, with a bound on how
+        long a request can be passed over; needs prefix caching).
         See minillm.scheduler.
+    priority_preemption: under "priority", when a running request is preempted for another.
+        "out_of_blocks" (vLLM V1's rule, the default): only when a running request needs blocks
+        and the pool is dry, the victim being the worst-ranked running request; a waiting
+        request, however urgent, waits for a seat and for blocks. "for_waiting" (vLLM V0's
+        _schedule_priority_preemption): besides, before a step is scheduled, running requests
+        of a worse rank and priority than the head of the queue are preempted until it has a
+        seat and the blocks for its first chunk (ageing alone never preempts). Needs
+        scheduling_policy="priority".
+    priority_aging_steps: under "priority", a waiting request's rank improves by one level for
+        every this many engine steps it waits (default 1,000: tens of seconds of a busy GPU
+        server), so a stream of urgent requests delays the rest but cannot starve them. None
+        turns ageing off (strict priority: a low class can wait forever). minillm's own rule:
+        vLLM has no ageing.
     preemption_mode: what happens to a request preempted when the KV pool runs dry: "recompute"
         (its blocks are freed; its K/V are computed again when it resumes) or "swap" (its
         blocks are copied to a host pool of swap_space GiB and back when it resumes; when the
@@ -76,6 +93,8 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     prefix_caching: PrefixCaching = "hash"
     scheduling_policy: SchedulingPolicy = "fcfs"
+    priority_preemption: PriorityPreemption = "out_of_blocks"
+    priority_aging_steps: int | None = 1000
     preemption_mode: PreemptionMode = "recompute"
     swap_space: float = 4.0
     scheduling: Scheduling = "continuous"
@@ -106,6 +125,7 @@ class EngineConfig:
                 f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"
             )
         self._check_prefix_caching()
+        self._check_priority()
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', "
                              f"got {self.preemption_mode!r}")
@@ -159,18 +179,33 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be a positive integer, got {self.max_model_len!r}")
 
+    def _check_priority(self) -> None:
+        if self.priority_preemption not in ("out_of_blocks", "for_waiting"):
+            raise ValueError(f"priority_preemption must be 'out_of_blocks' (vLLM V1) or "
+                             f"'for_waiting' (vLLM V0), got {self.priority_preemption!r}")
+        # Outside "priority" there are no ranks to preempt by: say so rather than ignore it.
+        if self.priority_preemption == "for_waiting" and self.scheduling_policy != "priority":
+            raise ValueError("priority_preemption='for_waiting' preempts running requests for "
+                             "a better-ranked waiting one, which needs "
+                             "scheduling_policy='priority'")
+        steps = self.priority_aging_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                                  or steps < 1):
+            raise ValueError(f"priority_aging_steps must be a positive number of steps, or None "
+                             f"for no ageing, got {steps!r}")
+
     def _check_prefix_caching(self) -> None:
-        if self.prefix_caching not in ("hash", "radix"):
-            raise ValueError(
-                f"prefix_caching must be 'hash' or 'radix', got {self.prefix_caching!r}")
+        if self.prefix_caching not in ("hash", "radix", "radix-token"):
+            raise ValueError("prefix_caching must be 'hash', 'radix' or 'radix-token', got "
+                             f"{self.prefix_caching!r}")
         if self.scheduling_policy not in ("fcfs", "priority", "lpm"):
             raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'lpm', "
                              f"got {self.scheduling_policy!r}")
         # Both would be silently ignored without a cache: a run meant to measure them would
         # measure nothing, so say so.
-        if self.prefix_caching == "radix" and not self.enable_prefix_caching:
-            raise ValueError("prefix_caching='radix' picks the cache's design but the cache is "
-                             "off: pass enable_prefix_caching=True as well")
+        if self.prefix_caching != "hash" and not self.enable_prefix_caching:
+            raise ValueError(f"prefix_caching={self.prefix_caching!r} picks the cache's design "
+                             "but the cache is off: pass enable_prefix_caching=True as well")
         if self.scheduling_policy == "lpm" and not self.enable_prefix_caching:
             raise ValueError("scheduling_policy='lpm' admits the longest cached prefix first, "
                              "which needs enable_prefix_caching=True")

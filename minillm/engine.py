@@ -198,8 +198,15 @@ class Engine:
         start = self.clock()
         self.block_manager.step = self.num_steps  # the prefix cache's LRU clock
         out = self.scheduler.schedule()
-        if self.swapper is not None:  # before the forward, which reads and overwrites them
-            self.swapper.copy(out.swap_out, out.swap_in)
+        # Before the forward, which overwrites blocks, in the one safe order: a swap-out reads
+        # blocks that preemption just freed and a copy or a swap-in may refill; a copy reads a
+        # cached block that a swap-in's fresh block may have just evicted.
+        copies = self.block_manager.take_copies()
+        if self.swapper is not None and out.swap_out:
+            self.swapper.copy(out.swap_out, [])
+        self._copy_blocks(copies)
+        if self.swapper is not None and out.swap_in:
+            self.swapper.copy([], out.swap_in)
         if not out.scheduled:
             if self.has_unfinished_requests() and not out.preempted:
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
@@ -242,6 +249,18 @@ class Engine:
         finished = [o.request_id for o in outputs if o.finished]
         self._record(out, start, now, tables, finished)
         return outputs
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy on write for the token-granular radix cache: (source, destination) blocks, all
+        layers, K and V. One gather then one scatter, so every source is read as it stood."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        pool = self.kv_cache
+        if pool.dtype == torch.float8_e4m3fn:  # no fp8 CPU indexing kernels: move the bytes
+            pool = pool.view(torch.uint8)
+        pool[:, :, dst] = pool[:, :, src]
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         """Hidden states (T, E). A decode-only step replays a CUDA graph when one fits it."""

@@ -1,33 +1,41 @@
-"""The guide's failure-modes table, reproduced: each symptom and its fix, side by side.
+"""The guide's failure-modes table, reproduced: each symptom and its fix, judged by what an
+operator measures.
 
-Every reproduction serves one workload twice in the simulator (minillm.simulator.simulate: the
-engine's own scheduler on a virtual clock priced by the roofline, so every figure is modelled,
-Llama-3-8B in BF16 on an H100-SXM unless a function says otherwise): once with the knob that
-causes the symptom, once with the fix. It returns a Reproduction with the metric that proves the
-fix on both runs, the runs themselves, and a few more figures an operator would look at.
+Every row serves one workload twice in the simulator (minillm.simulator.simulate: the engine's
+own scheduler on a virtual clock priced by the roofline, so every figure is modelled, Llama-3-8B
+in BF16 on an H100-SXM): once with the knob that causes the symptom, once with the fix. Each run
+is read as an operator reads a server, into a Dashboard: p99 TTFT, ITL and TPOT, each stream's
+worst stall, goodput under the row's SLO, tokens/s, preemptions per minute, KV-cache usage,
+requests running and waiting, and what nvidia-smi and DCGM would show. A row states its proof
+as Claims (the fix moves a dashboard figure by at least a stated factor, or keeps one within
+a stated factor) and Levels (a figure on one run past a bound: the symptom's own sign);
+Reproduction.holds tests them all. Every p99 rests on at least 200 requests.
 
-| function | symptom | fix |
+| row | symptom | fix |
 |---|---|---|
-| static_batching | low utilisation, sawtooth throughput | continuous batching |
-| long_prefill_blocking | decodes stall behind a long prompt's prefill | chunked prefill |
-| kv_pressure | preemption storm at high concurrency | cap max_num_seqs to what the pool holds |
-| memory_bound_small_batch | decode "slow", compute idle, bandwidth pegged | a bigger batch |
-| batch_too_large | great throughput, awful TPOT p99 | a lower max batch (goodput under an SLO) |
+| static_batching | low throughput, the batch fills and drains | continuous batching |
+| long_prefill_blocking | streams freeze behind a long prompt's prefill | chunked prefill |
+| kv_pressure | "OOM" at high concurrency: a paged engine preempts | cap max_num_seqs |
+| memory_bound_small_batch | decode "slow", GPU "100% busy" | a bigger batch |
+| batch_too_large | great throughput, TPOT over the SLO | a lower max batch |
 | no_prefix_caching | shared system prompts prefilled again and again | prefix caching |
 
-The guide's sixth row (tensor parallelism stalling past 8 GPUs) is chapter 17's. The
-measurement helpers (prefill_tokens, wasted_tokens, utilisation, ...) read only what an
-operator has: request metrics, the step trace and stats(); minillm.diagnosis uses them too.
+The guide's other row, tensor parallelism that stops scaling past 8 GPUs, is chapter 11's
+(section 1: the all-reduces of a step on NVLink against InfiniBand). The measurement helpers
+read only what an operator has: request metrics, the step trace and stats();
+minillm.diagnosis hands the same to the reader.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol
 
 from minillm import roofline
+from minillm.metrics import RequestMetrics, meets_slo, percentile, summarize
 from minillm.model_config import ModelConfig
 from minillm.prefix_workload import shared_prefix
 from minillm.simulator import SimulationResult, simulate
@@ -36,44 +44,7 @@ from minillm.workload import Mixture, RequestSpec, Workload, closed_loop, poisso
 
 MODEL, HARDWARE = "llama-3-8b", "H100-SXM"
 VOCAB = 128256  # Llama-3's vocabulary: shared-prefix prompts' ids must fit it
-
-
-@dataclass(frozen=True)
-class Reproduction:
-    """One row of the table, run: the symptom (sick) and the fix (fixed) on the same workload.
-
-    metric: what proves the fix, in the unit named in it; better: "lower" or "higher" is good.
-    sick, fixed: the metric on the two runs. margin: the factor by which the fix must improve
-    the metric for the row to hold (a fixed value of 0 against a positive sick one is infinitely
-    better). shows: the symptom's own sign on the sick run beyond the metric (e.g. the big batch
-    really had the higher throughput). evidence: (label, sick, fixed) figures that go with it.
-    sick_run, fixed_run: the SimulationResults, for plots.
-    """
-
-    name: str
-    symptom: str
-    cause: str
-    fix: str
-    metric: str
-    better: Literal["lower", "higher"]
-    sick: float
-    fixed: float
-    margin: float
-    shows: bool
-    evidence: tuple[tuple[str, float, float], ...]
-    sick_run: SimulationResult
-    fixed_run: SimulationResult
-
-    @property
-    def improvement(self) -> float:
-        """How many times better the fix makes the metric (inf when the symptom is gone to 0)."""
-        num, den = (self.sick, self.fixed) if self.better == "lower" else (self.fixed, self.sick)
-        return math.inf if den == 0 and num > 0 else num / den if den else 1.0
-
-    @property
-    def holds(self) -> bool:
-        """The symptom shows on the sick run and the fix improves the metric margin-fold."""
-        return self.shows and self.improvement >= self.margin
+MIN_REQUESTS = 200  # below this a p99 is one of the last two samples, not a tail estimate
 
 
 # ---- what an operator can measure from a run ------------------------------------------------
@@ -85,6 +56,133 @@ class Traced(Protocol):
     trace: list[StepRecord]
     model: ModelConfig
     hardware: roofline.Hardware
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """One run as an operator's dashboards show it (modelled). Seconds, tokens and requests.
+
+    Request side (a benchmark client, or vLLM's histograms): ttft_p99, itl_p50 (the typical gap
+    between two tokens: one decode step), itl_p99 (over every gap of every request), tpot_p99,
+    stall_p99 (over requests, of each one's longest gap: how long the worst-hit streams froze),
+    output_throughput (tokens/s of the replica), goodput (requests/s within the SLO) and
+    slo_miss (the share of requests outside it).
+    Engine side (vLLM's /metrics): preemptions_per_min (the rate of
+    vllm:num_preemptions_total), kv_usage_mean and kv_usage_peak (vllm:kv_cache_usage_perc: the
+    share of the pool's blocks held, time-weighted over the steps, and its highest),
+    running_mean and waiting_mean (vllm:num_requests_running / _waiting, time-weighted),
+    prefix_hit_rate (prefix-cache hits over queries, nan where the counters are not shown).
+    GPU side, from the roofline (the simulator has no counters of its own): gpu_util
+    (nvidia-smi's GPU-Util: the share of time some kernel runs), dram_active (DCGM's
+    DRAM-active: bytes moved over what HBM moves in the run's time) and tensor_active (DCGM's
+    tensor-pipe active: FLOPs over what the tensor cores do in that time).
+    """
+
+    num_requests: int
+    duration: float
+    ttft_p99: float
+    itl_p50: float
+    itl_p99: float
+    tpot_p99: float
+    stall_p99: float
+    output_throughput: float
+    goodput: float
+    slo_miss: float
+    preemptions_per_min: float
+    kv_usage_mean: float
+    kv_usage_peak: float
+    running_mean: float
+    waiting_mean: float
+    prefix_hit_rate: float
+    gpu_util: float
+    dram_active: float
+    tensor_active: float
+
+
+# How each Dashboard figure reads: its label and unit ("s", "tokens/s", "req/s", "/min",
+# "share" or "requests").
+LABELS: dict[str, tuple[str, str]] = {
+    "num_requests": ("requests", "requests"), "duration": ("duration", "s"),
+    "ttft_p99": ("TTFT p99", "s"), "itl_p50": ("ITL p50", "s"), "itl_p99": ("ITL p99", "s"),
+    "tpot_p99": ("TPOT p99", "s"), "stall_p99": ("worst stall p99", "s"),
+    "output_throughput": ("output tokens/s", "tokens/s"), "goodput": ("goodput", "req/s"),
+    "slo_miss": ("SLO misses", "share"), "preemptions_per_min": ("preemptions", "/min"),
+    "kv_usage_mean": ("KV usage mean", "share"), "kv_usage_peak": ("KV usage peak", "share"),
+    "running_mean": ("requests running", "requests"),
+    "waiting_mean": ("requests waiting", "requests"),
+    "prefix_hit_rate": ("prefix-cache hit rate", "share"), "gpu_util": ("GPU-Util", "share"),
+    "dram_active": ("DRAM-active", "share"), "tensor_active": ("tensor-active", "share")}
+
+
+def fmt(metric: str, value: float) -> str:
+    """A Dashboard figure with its unit: ms below a second, shares in percent."""
+    unit = LABELS[metric][1]
+    if math.isnan(value):
+        return "n/a"
+    if unit == "s":
+        return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+    if unit == "share":
+        return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
+    if unit == "/min":
+        return f"{value:,.0f}/min"
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+
+
+def _time_mean(trace: Sequence[StepRecord], value: Callable[[StepRecord], float]) -> float:
+    busy = sum(step.duration for step in trace)
+    return sum(value(step) * step.duration for step in trace) / busy if busy else math.nan
+
+
+def dashboard_of(metrics: Sequence[RequestMetrics], trace: Sequence[StepRecord],
+                 stats: dict[str, int], model: ModelConfig, hardware: roofline.Hardware,
+                 slo: dict[str, float]) -> Dashboard:
+    """The Dashboard of a run from what an operator has: the requests' metrics, the step trace,
+    the engine's counters (stats(): num_blocks and num_preemptions at least) and the GPU."""
+    s = summarize(metrics, slo)
+    done = [m for m in metrics if m.finished_time is not None]
+    pool = stats["num_blocks"]
+    queries = stats.get("prefix_cache_queries", 0)
+    flops = moved = 0.0
+    for step in trace:
+        f, b = roofline.step_flops_bytes(model, [(e.num_tokens, e.num_computed_tokens
+                                                  + e.num_tokens) for e in step.scheduled])
+        flops, moved = flops + f, moved + b
+    return Dashboard(
+        num_requests=s.num_requests, duration=s.duration, ttft_p99=s.ttft.p99,
+        itl_p50=s.itl.p50, itl_p99=s.itl.p99, tpot_p99=s.tpot.p99,
+        stall_p99=percentile([max(m.itl, default=0.0) for m in done], 99),
+        output_throughput=s.output_throughput, goodput=s.goodput or 0.0,
+        slo_miss=1 - sum(meets_slo(m, slo) for m in done) / len(done),
+        preemptions_per_min=stats["num_preemptions"] / s.duration * 60,
+        kv_usage_mean=_time_mean(trace, lambda st: 1 - st.num_free_blocks / pool),
+        kv_usage_peak=max(1 - st.num_free_blocks / pool for st in trace),
+        running_mean=_time_mean(trace, lambda st: len(st.scheduled)),
+        waiting_mean=_time_mean(trace, lambda st: st.num_waiting),
+        prefix_hit_rate=stats.get("prefix_cache_hits", 0) / queries if queries else math.nan,
+        gpu_util=sum(step.duration for step in trace) / s.duration,
+        dram_active=moved / (s.duration * hardware.bandwidth),
+        tensor_active=flops / (s.duration * hardware.flops))
+
+
+def dashboard(run: SimulationResult, slo: dict[str, float]) -> Dashboard:
+    """The Dashboard of a simulated run under slo (seconds, as minillm.metrics.meets_slo)."""
+    return dashboard_of([o.metrics for o in run.outputs], run.trace, run.stats, run.model,
+                        run.hardware, slo)
+
+
+def kv_usage_series(trace: Sequence[StepRecord], num_blocks: int) -> list[tuple[float, float]]:
+    """(step end in seconds, share of the pool's blocks held after it): the KV-usage gauge."""
+    return [(step.end, 1 - step.num_free_blocks / num_blocks) for step in trace]
+
+
+def preemption_rate_series(trace: Sequence[StepRecord], window: float = 5.0
+                           ) -> list[tuple[float, float]]:
+    """(step end, preemptions per minute over the window seconds before it): the rate a
+    Prometheus rate() over vllm:num_preemptions_total draws."""
+    times = [step.end for step in trace for _ in step.preempted]  # in step order: sorted
+    return [(step.end, (bisect.bisect_right(times, step.end)
+                        - bisect.bisect_right(times, step.end - window)) * 60 / window)
+            for step in trace]
 
 
 def batch_sizes(run: Traced) -> list[int]:
@@ -109,15 +207,11 @@ def wasted_tokens(run: SimulationResult) -> int:
     return computed_tokens(run) - needed
 
 
-def worst_itl(run: SimulationResult) -> float:
-    """The longest gap between two tokens of any request (seconds): the worst decode stall."""
-    return max((gap for o in run.outputs for gap in o.metrics.itl), default=0.0)
-
-
 def utilisation(run: Traced) -> tuple[float, float]:
-    """(FLOP utilisation, bandwidth utilisation) over the run, modelled: the FLOPs and bytes of
-    every step (roofline.step_flops_bytes) over what the hardware's peaks allow in the run's
-    busy time. Decode at a small batch shows ~0.01 FLOP and ~1.0 bandwidth: memory-bound."""
+    """(FLOP utilisation, bandwidth utilisation) over the run's busy time, modelled: the FLOPs
+    and bytes of every step (roofline.step_flops_bytes) over what the GPU's peaks allow while
+    a step runs, what DCGM's tensor-active and DRAM-active read while the GPU is busy. Decode
+    at a small batch B shows about B / ridge and ~1.0: memory-bound."""
     flops = moved = busy = 0.0
     for step in run.trace:
         entries = [(e.num_tokens, e.num_computed_tokens + e.num_tokens) for e in step.scheduled]
@@ -126,156 +220,229 @@ def utilisation(run: Traced) -> tuple[float, float]:
     return flops / (busy * run.hardware.flops), moved / (busy * run.hardware.bandwidth)
 
 
-def _pair(sick: SimulationResult, fixed: SimulationResult,
-          measure: Callable[[SimulationResult], float]) -> tuple[float, float]:
-    return float(measure(sick)), float(measure(fixed))
+# ---- what a row claims ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Claim:
+    """The fix moves a Dashboard figure: "falls" (sick >= factor x fixed, and sick > 0),
+    "rises" (fixed >= factor x sick, and fixed > 0) or "stays" (both positive, within factor
+    of each other either way). A figure that is 0 on both runs bears out no claim."""
+
+    metric: str
+    change: Literal["falls", "rises", "stays"]
+    factor: float
+
+    def __post_init__(self) -> None:
+        if self.metric not in LABELS:
+            raise ValueError(f"unknown Dashboard figure {self.metric!r}; use one of {list(LABELS)}")
+        if not self.factor >= 1:
+            raise ValueError(f"a Claim's factor must be >= 1, got {self.factor!r}")
+
+    def test(self, sick: Dashboard, fixed: Dashboard) -> bool:
+        a, b = getattr(sick, self.metric), getattr(fixed, self.metric)
+        if self.change == "falls":
+            return a > 0 and a >= self.factor * b
+        if self.change == "rises":
+            return b > 0 and b >= self.factor * a
+        return a > 0 and b > 0 and max(a, b) <= self.factor * min(a, b)
+
+    def text(self) -> str:
+        how = "within" if self.change == "stays" else "by at least"
+        return f"{LABELS[self.metric][0]} {self.change} {how} {self.factor:g}x"
 
 
-def _run(wl: Workload | list[RequestSpec], **knobs: Any) -> SimulationResult:
-    return simulate(MODEL, HARDWARE, wl, record_block_tables=False, **knobs)
+@dataclass(frozen=True)
+class Level:
+    """A Dashboard figure on one run ("sick", "fixed" or "both") at least, or at most, bound."""
+
+    metric: str
+    run: Literal["sick", "fixed", "both"]
+    bound: float
+    at_most: bool = False
+
+    def __post_init__(self) -> None:
+        if self.metric not in LABELS:
+            raise ValueError(f"unknown Dashboard figure {self.metric!r}; use one of {list(LABELS)}")
+
+    def test(self, sick: Dashboard, fixed: Dashboard) -> bool:
+        runs = {"sick": [sick], "fixed": [fixed], "both": [sick, fixed]}[self.run]
+        return all((getattr(d, self.metric) <= self.bound) if self.at_most
+                   else (getattr(d, self.metric) >= self.bound) for d in runs)
+
+    def text(self) -> str:
+        side = "<=" if self.at_most else ">="
+        return f"{LABELS[self.metric][0]} {side} {fmt(self.metric, self.bound)} ({self.run})"
+
+
+@dataclass(frozen=True)
+class FailureMode:
+    """One row of the table: the workload, the knobs that cause the symptom and the fix's
+    knobs (EngineConfig's), the SLO its goodput counts against, and the proof: claims (what the
+    fix does to the dashboard) and levels (the symptom's sign)."""
+
+    name: str
+    symptom: str
+    cause: str
+    fix: str
+    workload: Callable[[], Workload]
+    sick_knobs: dict[str, Any]
+    fix_knobs: dict[str, Any]
+    slo: dict[str, float]
+    claims: tuple[Claim, ...]
+    levels: tuple[Level, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """A FailureMode run: both dashboards, both runs (for plots), and the verdict."""
+
+    mode: FailureMode
+    sick: Dashboard
+    fixed: Dashboard
+    sick_run: SimulationResult = field(repr=False)
+    fixed_run: SimulationResult = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.mode.name
+
+    def checks(self) -> list[tuple[str, bool]]:
+        """(what is claimed, whether these runs bear it out), claims first, then levels."""
+        return [(c.text(), c.test(self.sick, self.fixed))
+                for c in (*self.mode.claims, *self.mode.levels)]
+
+    @property
+    def holds(self) -> bool:
+        """Enough requests for a p99, and every claim and level of the row borne out."""
+        enough = min(self.sick.num_requests, self.fixed.num_requests) >= MIN_REQUESTS
+        return enough and all(ok for _, ok in self.checks())
+
+
+def reproduce(mode: FailureMode, fix_knobs: dict[str, Any] | None = None, *,
+              sick_run: SimulationResult | None = None) -> Reproduction:
+    """Serve mode's workload with its sick knobs and with fix_knobs (default: the row's fix),
+    applied over the sick knobs, and read both dashboards under the row's SLO. Modelled.
+
+    sick_run: the sick run of an earlier reproduction of mode, to reuse (the simulator is
+    deterministic, so running it again would give the same run)."""
+    wl = mode.workload()
+    fix = mode.fix_knobs if fix_knobs is None else fix_knobs
+
+    def serve(knobs: dict[str, Any]) -> SimulationResult:
+        return simulate(MODEL, HARDWARE, wl, record_block_tables=False, **knobs)
+
+    sick = sick_run if sick_run is not None else serve(mode.sick_knobs)
+    fixed = serve(mode.sick_knobs | fix)
+    return Reproduction(mode, dashboard(sick, mode.slo), dashboard(fixed, mode.slo), sick, fixed)
 
 
 # ---- the six rows ---------------------------------------------------------------------------
 
-def static_batching() -> Reproduction:
-    """200 requests at 50/s, 20% of them long answers, 32 seats: static batching holds every
-    seat until the batch's slowest request ends (the batch drains to 1, then refills: the
-    sawtooth), continuous batching refills a seat the step after it frees. Modelled."""
-    wl = poisson(200, 50.0, (128, 512), Mixture([(0.8, (16, 64)), (0.2, (256, 512))]), seed=1)
-    sick, fixed = _run(wl, scheduling="static", max_num_seqs=32), _run(wl, max_num_seqs=32)
-    tput = _pair(sick, fixed, lambda r: r.summary().output_throughput)
-    occupancy = _pair(sick, fixed, lambda r: sum(batch_sizes(r)) / len(r.trace))
-    return Reproduction(
-        "static_batching", "low GPU utilisation, sawtooth throughput",
-        "static batching: seats idle while the batch's slowest request finishes",
-        "continuous batching (scheduling='continuous')", "output tokens/s", "higher",
-        *tput, 2.0, occupancy[0] < occupancy[1] / 2,
-        (("mean batch size", *occupancy),
-         ("TTFT p99 (s)", *_pair(sick, fixed, lambda r: r.summary().ttft.p99))), sick, fixed)
-
-
 def long_prefill_workload() -> Workload:
-    """Chat traffic at 10/s (64-256-token prompts) with every 8th request an 8,000-token prompt."""
+    """Chat traffic at 10/s (64-256-token prompts) with every 6th request an 8,000-token one."""
     specs = list(poisson(200, 10.0, (64, 256), (64, 128), seed=2))
-    for i in range(0, len(specs), 8):
+    for i in range(0, len(specs), 6):
         specs[i] = RequestSpec(specs[i].arrival_time, 8000, 16, seed=i)
     return Workload(specs)
 
 
-def long_prefill_blocking() -> Reproduction:
-    """A whole 8,000-token prefill in one step (~0.13 s modelled) stalls every running decode;
-    chunked prefill with a 512-token budget bounds any step, so a decode never waits more than
-    a chunk. Short prompts queued behind a long one still wait for its chunks under FCFS (the
-    guide's other fixes: cap prompt length, disaggregate prefill), so the metric is the decodes'
-    worst stall, not TTFT. Modelled."""
-    wl = long_prefill_workload()
-    sick = _run(wl, enable_chunked_prefill=False, max_num_batched_tokens=8192)
-    fixed = _run(wl, enable_chunked_prefill=True, max_num_batched_tokens=512)
-    stall = _pair(sick, fixed, worst_itl)
-    biggest = _pair(sick, fixed, lambda r: max(s.num_tokens for s in r.trace))
-    return Reproduction(
-        "long_prefill_blocking", "TTFT and ITL spikes under load",
-        "a long prompt's prefill blocks every decode (head-of-line)",
-        "chunked prefill (enable_chunked_prefill=True, max_num_batched_tokens=512)",
-        "worst ITL (s)", "lower", *stall, 5.0, biggest[0] >= 8000,
-        (("largest step (tokens)", *biggest),
-         ("ITL p99 (s)", *_pair(sick, fixed, lambda r: r.summary().itl.p99))), sick, fixed)
-
-
-def kv_pressure() -> Reproduction:
-    """200 requests at once into a 2,048-block pool (32,768 tokens) with up to 1,792 tokens each:
-    256 seats admit more than the pool can grow, so running requests are preempted and
-    recomputed over and over (92,858 tokens computed twice, victims stalled for seconds); 24
-    seats never preempt here. Modelled: on an H100 the recomputation is cheap enough that the
-    storm's throughput stays high; its cost is the wasted compute and the victims' stalls."""
-    wl = poisson(200, math.inf, (256, 1024), (256, 768), seed=3)
-    sick = _run(wl, num_kv_blocks=2048, max_num_seqs=256)
-    fixed = _run(wl, num_kv_blocks=2048, max_num_seqs=24)
-    preemptions = _pair(sick, fixed, lambda r: r.stats["num_preemptions"])
-    return Reproduction(
-        "kv_pressure", "OOM / preemption storm at high concurrency",
-        "batch x context KV exceeds the pool", "cap max_num_seqs to what the pool holds (24)",
-        "preemptions", "lower", *preemptions, 10.0, preemptions[0] >= 50,
-        (("wasted (recomputed) tokens", *_pair(sick, fixed, wasted_tokens)),
-         ("worst ITL (s)", *_pair(sick, fixed, worst_itl)),
-         ("output tokens/s", *_pair(sick, fixed, lambda r: r.summary().output_throughput))),
-        sick, fixed)
-
-
-def memory_bound_small_batch() -> Reproduction:
-    """64 clients in a closed loop served 4 at a time: each decode step reads all 16 GB of
-    weights for 4 tokens, so bandwidth is pegged and the tensor cores idle; 64 seats read the
-    same weights for 64 tokens. More FLOP/s would not help; a bigger batch does. Modelled."""
-    wl = closed_loop(256, 64, (256, 512), (128, 256), seed=4)
-    sick, fixed = _run(wl, max_num_seqs=4), _run(wl, max_num_seqs=64)
-    tput = _pair(sick, fixed, lambda r: r.summary().output_throughput)
-    flop_util = _pair(sick, fixed, lambda r: utilisation(r)[0])
-    bw_util = _pair(sick, fixed, lambda r: utilisation(r)[1])
-    return Reproduction(
-        "memory_bound_small_batch", "decode 'slow' but compute idle, bandwidth pegged",
-        "memory-bound by design at a small batch", "a bigger batch (max_num_seqs 4 -> 64)",
-        "output tokens/s", "higher", *tput, 5.0, bw_util[0] > 0.9 and flop_util[0] < 0.1,
-        (("FLOP utilisation", *flop_util), ("bandwidth utilisation", *bw_util)), sick, fixed)
-
+KV_POOL = 2048  # blocks of 16 tokens: 32,768 tokens, 4 GiB of K/V, small enough to fill
+# What the pool holds of kv_pressure's requests at their mean final context (640 + 512 tokens).
+KV_CAP = KV_POOL * 16 // (640 + 512)
 
 SLO_TPOT = 0.015  # seconds: the interactive TPOT bound of batch_too_large
 
-
-def batch_too_large() -> Reproduction:
-    """256 clients with 1,024-1,536-token prompts: 256 seats give the most tokens/s, but each
-    step reads 256 long contexts and carries prefill chunks of the clients' next prompts, so TPOT
-    passes the 15 ms SLO for most requests; 64 seats give less throughput and far more goodput
-    (requests/s within the SLO). Modelled."""
-    wl = closed_loop(400, 256, (1024, 1536), (256, 512), seed=5)
-    sick, fixed = _run(wl, max_num_seqs=256), _run(wl, max_num_seqs=64)
-    slo = {"tpot": SLO_TPOT}
-    goodput = _pair(sick, fixed, lambda r: r.summary(slo).goodput or 0.0)
-    tput = _pair(sick, fixed, lambda r: r.summary().output_throughput)
-    return Reproduction(
-        "batch_too_large", "throughput great, p99 latency awful",
+MODES: dict[str, FailureMode] = {m.name: m for m in (
+    FailureMode(
+        "static_batching", "low throughput, the batch fills then drains (sawtooth)",
+        "static batching: seats idle while the batch's slowest request finishes",
+        "continuous batching (scheduling='continuous')",
+        lambda: poisson(200, 50.0, (128, 512), Mixture([(0.8, (16, 64)), (0.2, (256, 512))]),
+                        seed=1),
+        {"scheduling": "static", "max_num_seqs": 32}, {"scheduling": "continuous"},
+        {"ttft": 1.0},
+        (Claim("output_throughput", "rises", 2.0), Claim("ttft_p99", "falls", 10.0),
+         Claim("running_mean", "rises", 2.0)),
+        (Level("gpu_util", "both", 0.95),)),
+    FailureMode(
+        "long_prefill_blocking", "streams freeze under load (ITL spikes)",
+        "a long prompt's whole prefill in one step blocks every decode (head-of-line)",
+        "chunked prefill (enable_chunked_prefill=True, max_num_batched_tokens=512)",
+        long_prefill_workload,
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192},
+        {"enable_chunked_prefill": True, "max_num_batched_tokens": 512},
+        {"itl": 0.05},
+        (Claim("itl_p99", "falls", 5.0), Claim("goodput", "rises", 2.0),
+         Claim("ttft_p99", "stays", 1.25))),
+    FailureMode(
+        "kv_pressure", "'OOM' at high concurrency: preemptions climb, streams stall",
+        "more running requests than the KV pool holds: a paged engine preempts, not crashes",
+        f"cap max_num_seqs to what the pool holds ({KV_CAP}), or give the pool more memory",
+        lambda: poisson(300, 10.0, (256, 1024), (256, 768), seed=3),
+        {"num_kv_blocks": KV_POOL, "max_num_seqs": 256}, {"max_num_seqs": KV_CAP},
+        {"itl": 0.1},
+        (Claim("preemptions_per_min", "falls", 10.0), Claim("stall_p99", "falls", 5.0),
+         Claim("slo_miss", "falls", 10.0), Claim("output_throughput", "stays", 1.15)),
+        (Level("kv_usage_peak", "sick", 0.99), Level("kv_usage_peak", "fixed", 0.95, True))),
+    FailureMode(
+        "memory_bound_small_batch", "decode 'slow' while the GPU reads 100% busy",
+        "a small batch: every step reads all the weights for a few tokens (bandwidth-bound)",
+        "a bigger batch (max_num_seqs 4 -> 64)",
+        lambda: closed_loop(256, 64, (256, 512), (128, 256), seed=4),
+        {"max_num_seqs": 4}, {"max_num_seqs": 64},
+        {"tpot": 0.05},
+        (Claim("output_throughput", "rises", 5.0), Claim("itl_p50", "stays", 1.5),
+         Claim("ttft_p99", "falls", 10.0)),
+        (Level("gpu_util", "both", 0.95), Level("dram_active", "sick", 0.9),
+         Level("tensor_active", "sick", 0.1, True))),
+    FailureMode(
+        "batch_too_large", "throughput great, TPOT p99 over the SLO",
         "the batch is too large for the latency SLO",
         "a lower max batch (max_num_seqs 256 -> 64): optimise goodput",
-        f"goodput (req/s, TPOT <= {SLO_TPOT * 1e3:.0f} ms)", "higher", *goodput, 2.0,
-        tput[0] > tput[1] * 1.2,
-        (("output tokens/s", *tput),
-         ("TPOT p99 (s)", *_pair(sick, fixed, lambda r: r.summary().tpot.p99))), sick, fixed)
-
-
-def no_prefix_caching() -> Reproduction:
-    """200 requests sharing 4 system prompts of 2,048 tokens (short questions after them): without
-    a prefix cache every request prefills its system prompt again; with one, each prompt is
-    computed about once and TTFT falls with it. Modelled."""
-    wl = shared_prefix(200, 4, 2048, (32, 128), (32, 128), 20.0, vocab_size=VOCAB, seed=6)
-    sick, fixed = _run(wl), _run(wl, enable_prefix_caching=True)
-    prefill = _pair(sick, fixed, prefill_tokens)
-    return Reproduction(
-        "no_prefix_caching", "prefix-heavy workload, redundant compute",
-        "no prefix reuse: shared prompts recomputed", "prefix caching (enable_prefix_caching)",
-        "prefill tokens computed", "lower", *prefill, 5.0,
-        prefill[0] >= sum(s.prompt_len for s in wl),
-        (("TTFT p50 (s)", *_pair(sick, fixed, lambda r: r.summary().ttft.p50)),
-         ("TTFT p99 (s)", *_pair(sick, fixed, lambda r: r.summary().ttft.p99))), sick, fixed)
-
+        lambda: closed_loop(400, 256, (1024, 1536), (256, 512), seed=5),
+        {"max_num_seqs": 256}, {"max_num_seqs": 64},
+        {"tpot": SLO_TPOT},
+        (Claim("goodput", "rises", 2.0), Claim("tpot_p99", "falls", 1.5),
+         Claim("output_throughput", "falls", 1.2))),
+    FailureMode(
+        "no_prefix_caching", "TTFT and ITL tails on a prefix-heavy workload",
+        "no prefix reuse: every request prefills its shared system prompt again",
+        "prefix caching (enable_prefix_caching=True)",
+        lambda: shared_prefix(200, 4, 2048, (32, 128), (32, 128), 30.0, vocab_size=VOCAB,
+                              seed=6),
+        {"enable_prefix_caching": False}, {"enable_prefix_caching": True},
+        {"ttft": 0.1},
+        (Claim("ttft_p99", "falls", 5.0), Claim("goodput", "rises", 2.0),
+         Claim("itl_p99", "falls", 2.0)),
+        (Level("prefix_hit_rate", "fixed", 0.9),)),
+)}
 
 REPRODUCTIONS: dict[str, Callable[[], Reproduction]] = {
-    f.__name__: f for f in (static_batching, long_prefill_blocking, kv_pressure,
-                            memory_bound_small_batch, batch_too_large, no_prefix_caching)}
+    name: (lambda mode=mode: reproduce(mode)) for name, mode in MODES.items()}
 
 
 def reproduce_all() -> list[Reproduction]:
-    """Every row, in the guide's order (a few seconds of CPU in all)."""
+    """Every row, in the guide's order (about ten seconds of CPU in all)."""
     return [make() for make in REPRODUCTIONS.values()]
 
 
-def _fmt(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-def table(rows: list[Reproduction]) -> str:
-    """A markdown table: symptom, cause, fix, and the metric sick -> fixed, with the factor."""
-    lines = ["| symptom | cause | fix | metric | sick -> fixed | better by |",
-             "|---|---|---|---|---|---|"]
+def table(rows: Sequence[Reproduction]) -> str:
+    """A markdown table: symptom, cause, fix, and each claim with its figures sick -> fixed."""
+    lines = ["| symptom | cause | fix | what the operator measures: sick -> fixed | holds |",
+             "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.symptom} | {r.cause} | {r.fix} | {r.metric} | "
-                     f"{_fmt(r.sick)} -> {_fmt(r.fixed)} | {_fmt(r.improvement)}x |")
+        proof = "<br>".join(
+            f"{LABELS[c.metric][0]} {fmt(c.metric, getattr(r.sick, c.metric))} -> "
+            f"{fmt(c.metric, getattr(r.fixed, c.metric))} ({c.change} "
+            f"{'within' if c.change == 'stays' else '>='} {c.factor:g}x)"
+            for c in r.mode.claims)
+        lines.append(f"| {r.mode.symptom} | {r.mode.cause} | {r.mode.fix} | {proof} | "
+                     f"{'yes' if r.holds else 'NO'} |")
     return "\n".join(lines)
+
+
+def dashboard_rows(r: Reproduction, metrics: Sequence[str] | None = None) -> list[str]:
+    """One line per Dashboard figure: label, sick, fixed (every figure unless metrics)."""
+    names = metrics or [f.name for f in fields(Dashboard)]
+    return [f"{LABELS[m][0]:22s} {fmt(m, getattr(r.sick, m)):>14s} -> "
+            f"{fmt(m, getattr(r.fixed, m)):>14s}" for m in names]

@@ -7,15 +7,16 @@ arrival before a step that starts at the same instant, as one simulator admits i
 replicas go to the lower index). An arrival is routed when the clock reaches it, to the replica
 the router picks, and joins that replica's queue at its next step boundary.
 
-A step is applied when it starts, so the router sees a replica as it will stand after its step
-in flight (the blocks it is computing count as cached, its finishing requests as gone): a
-lookahead of at most one step, and the same optimism as SGLang's router, which records a prompt
-in its tree of each worker's cache when it sends it, before the worker has computed anything.
+A step is applied when it starts, so a router that reads a replica's cache (ReplicaView) sees
+it as it will stand after its step in flight (the blocks it is computing count as cached, its
+finishing requests as gone): the true state with a lookahead of at most one step, which no real
+router has.
 
 Routers (minillm.router): "round_robin" cycles through the replicas, blind to the cache;
-"prefix_aware" sends a request to the replica whose cache holds the longest prefix of it unless
-that would overload it (PrefixAwareRouter); or any callable router(spec, replicas) -> replica
-index.
+"prefix_aware" (PrefixAwareRouter, the oracle) sends a request to the replica whose true cache
+holds the longest prefix of it unless that would overload it; "approximate_tree"
+(ApproximateTreeRouter, as SGLang's router) routes on its own bounded tree of what it sent each
+replica and never reads a cache; or any callable router(spec, replicas) -> replica index.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from minillm.model_config import ModelConfig
 from minillm.prefix_workload import TokenRequestSpec
 from minillm.request import Request, RequestOutput
 from minillm.router import (
+    ApproximateTreeRouter,
     PrefixAwareRouter,
     ReplicaView,
     RoundRobinRouter,
@@ -49,8 +51,9 @@ from minillm.trace import StepRecord
 from minillm.workload import RequestSpec, Workload
 
 # The routers live in minillm.router; a fleet's user finds them here too.
-__all__ = ["FleetResult", "PrefixAwareRouter", "ReplicaResult", "ReplicaView", "RoundRobinRouter",
-           "Router", "RoutingName", "hit_rate", "make_router", "simulate_fleet"]
+__all__ = ["ApproximateTreeRouter", "FleetResult", "PrefixAwareRouter", "ReplicaResult",
+           "ReplicaView", "RoundRobinRouter", "Router", "RoutingName", "hit_rate", "make_router",
+           "simulate_fleet"]
 
 
 class HitRates:
@@ -148,13 +151,17 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
                    kv_dtype_bytes: float | None = None, **engine_kwargs: Any) -> FleetResult:
     """Serve workload on num_replicas simulated replicas of model on hw behind a router.
 
-    routing: "round_robin", "prefix_aware" (PrefixAwareRouter(load_bound)) or a callable
-    router(spec, replicas) -> index into replicas, called once per request at its arrival with
-    the spec (its ids in spec.prompt_ids) and one ReplicaView per replica; routing is a pure
-    function of the workload and the router, so the same arguments route the same way.
+    routing: "round_robin", "prefix_aware" (PrefixAwareRouter(load_bound), the oracle that reads
+    the replicas' caches), "approximate_tree" (ApproximateTreeRouter(balance_abs_threshold=
+    load_bound), which remembers what it sent) or a callable router(spec, replicas) -> index
+    into replicas, called once per request at its arrival with the spec (its ids in
+    spec.prompt_ids) and one ReplicaView per replica; routing is a pure function of the
+    workload and the router, so the same arguments route the same way (a named router is made
+    fresh for each run; a callable that keeps state carries it from run to run).
     load_bound: requests a replica may carry beyond the least loaded and still be picked for
-    its cache (prefix_aware only). engine_kwargs: EngineConfig's, for every replica; prefix
-    caching is on unless enable_prefix_caching=False is passed. The pool, dtype_bytes,
+    its cache (prefix_aware; for approximate_tree, the imbalance beyond which it routes by load).
+    engine_kwargs: EngineConfig's, for every replica; prefix caching is on unless
+    enable_prefix_caching=False is passed. The pool, dtype_bytes,
     kv_dtype_bytes (1 for an int8 or fp8 KV cache: more blocks per replica, fewer KV bytes per
     step), the overhead keywords, gpu_memory_utilization and step_time are as in simulate, and
     so is record_block_tables, off by default here since a fleet run is long.
@@ -182,7 +189,8 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     outputs = [RequestOutput.of(r) for r in requests]
     replicas = [ReplicaResult(k, [o for o, a in zip(outputs, assignment) if a == k],
                               sim.stats(), sim.trace) for k, sim in enumerate(sims)]
-    name = routing if isinstance(routing, str) else getattr(routing, "__name__", "custom")
+    name = (routing if isinstance(routing, str)
+            else getattr(routing, "__name__", type(routing).__name__))
     return FleetResult(outputs, assignment, replicas, name, config, mc, hardware,
                        wall_time=time.perf_counter() - start)
 

@@ -12,6 +12,16 @@ last owner frees them, until the pool needs the space. Two designs find them:
 - "radix" (SGLang's RadixAttention, minillm.radix_cache): a tree of block runs keyed by tokens;
   plain free blocks are used first, then the least recently used leaf nobody holds gives up
   its last block.
+- "radix-token": the same tree matched token by token (SGLang's default page size of 1). A
+  match that ends inside a cached block reuses that block's first tokens too: the block is
+  copied into a fresh block of the new request (copy on write: BlockManager.copies, which the
+  engine makes before the step writes anything), which then computes from the first token
+  that differs. A finished request's partly filled last block stays in the tree for such
+  copies.
+
+A block is registered when the step that computes it is scheduled (vLLM V1), so a request
+admitted later in the same step finds it; only a copy needs K/V already computed, so blocks
+registered this step are never copied.
 """
 
 from __future__ import annotations
@@ -42,10 +52,19 @@ class Block:
 
 @dataclass(frozen=True)
 class PrefixMatch:
-    """Cached blocks that cover the start of a prompt, and how many full blocks were looked up."""
+    """Cached blocks that cover the start of a prompt, and how many full blocks were looked up.
+
+    Token-granular radix only: partial_block shares the next num_partial_tokens tokens, which
+    are reused by copying it (BlockManager.allocate)."""
 
     block_ids: list[int]
     num_queried: int
+    partial_block: int | None = None
+    num_partial_tokens: int = 0
+
+    def num_tokens(self, block_size: int) -> int:
+        """Prompt tokens whose K/V the match reuses."""
+        return len(self.block_ids) * block_size + self.num_partial_tokens
 
 
 def chain_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -72,9 +91,10 @@ def kv_cache_block_bytes(
 class BlockManager:
     """Hands out KV blocks to requests, counts references and keeps the prefix cache.
 
-    prefix_caching picks the cache's design when enable_prefix_caching is on: "hash" or "radix"
-    (see the module docstring). step is the engine's step number, which the engine sets before
-    each step: the radix tree's LRU order and the trace's last_used read it.
+    prefix_caching picks the cache's design when enable_prefix_caching is on: "hash", "radix"
+    or "radix-token" (see the module docstring). step is the engine's step number, which the
+    engine sets before each step: the radix tree's LRU order and the trace's last_used read it,
+    and setting it starts the step's copies and its set of blocks not yet computed afresh.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
@@ -82,8 +102,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_caching = prefix_caching
-        self.radix = (RadixCache(block_size) if enable_prefix_caching and prefix_caching == "radix"
-                      else None)
+        self.radix = (RadixCache(block_size, token_granular=prefix_caching == "radix-token")
+                      if enable_prefix_caching and prefix_caching != "hash" else None)
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Blocks nobody holds, least recently freed first; cached ones among them stay findable.
         # (Radix: plain free blocks sit in front of the cached ones, so they go first.)
@@ -92,7 +112,12 @@ class BlockManager:
         # come and go so that counting them never scans the pool (a GPU pool has ~10^5 blocks).
         self.cached_free: dict[int, None] = {}
         self.cached: dict[bytes, int] = {}  # chain hash -> block id
-        self.step = 0
+        self._step = 0
+        # This step's copies (source block, fresh block) of partly matched blocks, which the
+        # engine makes before the forward, and the blocks registered this step whose K/V the
+        # forward has yet to write (never a copy's source). Both start empty every step.
+        self.copies: list[tuple[int, int]] = []
+        self._uncomputed: set[int] = set()
         self.prefix_cache_queries = 0  # full blocks looked up at admission
         self.prefix_cache_hits = 0  # of those, blocks found in the cache
         self.prefix_cache_query_tokens = 0  # prompt tokens looked up (all but the last)
@@ -104,6 +129,21 @@ class BlockManager:
         self._nodes: tuple[CacheNode, ...] | None = None
         self._node_ids: set[int] = set()
         self._node_memo: dict[int, CacheNode] = {}  # hash design: block id -> its last node
+
+    @property
+    def step(self) -> int:
+        """The engine step about to run, set before it is scheduled."""
+        return self._step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self._step = step
+        self.copies, self._uncomputed = [], set()  # last step's copies were made
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) block copies the step must make before its forward."""
+        copies, self.copies = self.copies, []
+        return copies
 
     @property
     def num_blocks(self) -> int:
@@ -128,7 +168,10 @@ class BlockManager:
         """Whether the block holds K/V that the prefix cache may hand out again."""
         if self.radix is not None:
             return self.radix.is_cached(block_id)
-        return self.blocks[block_id].hash is not None
+        # A block computed alongside an identical one keeps its hash (the blocks after it chain
+        # on it) but only the copy registered first is in the map: only that one can be found.
+        block_hash = self.blocks[block_id].hash
+        return block_hash is not None and self.cached.get(block_hash) == block_id
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -142,6 +185,10 @@ class BlockManager:
             return PrefixMatch([], 0)
         P = self.block_size
         num_full = (len(token_ids) - 1) // P
+        if self.radix is not None and self.radix.token_granular:
+            hits, partial, num_partial = self.radix.match_tokens(token_ids, len(token_ids) - 1,
+                                                                 self._uncomputed)
+            return PrefixMatch(hits, num_full, partial, num_partial)
         if self.radix is not None:
             return PrefixMatch(self.radix.match(token_ids, num_full), num_full)
         parent, hits = b"", []
@@ -179,8 +226,14 @@ class BlockManager:
             req.block_table.append(block_id)
         if self.radix is not None and prefix:  # held before fresh blocks are taken, which evict
             self.radix.acquire(req.request_id, prefix, self.step)
+        first_fresh = len(req.block_table)
         for _ in range(self.num_blocks_for(num_tokens) - len(req.block_table)):
             req.block_table.append(self._take_free_block())
+        if match is not None and match.partial_block is not None:
+            # Copy on write: the partly matched block's first tokens into req's own block. The
+            # engine copies before anything this step writes, so the source is intact even if
+            # taking the fresh blocks above just evicted it.
+            self.copies.append((match.partial_block, req.block_table[first_fresh]))
         return True
 
     def _count_lookup(self, req: Request, match: PrefixMatch) -> None:
@@ -189,12 +242,14 @@ class BlockManager:
         self.prefix_cache_hits += len(match.block_ids)
         if self.enable_prefix_caching:
             self.prefix_cache_query_tokens += req.num_tokens - 1
-            self.prefix_cache_hit_tokens += len(match.block_ids) * self.block_size
+            self.prefix_cache_hit_tokens += match.num_tokens(self.block_size)
 
     def free(self, req: Request) -> None:
         """Release req's blocks. The last blocks go to the free list first, so a shared prefix
         outlives the tails that are less likely to be asked for again."""
         if self.radix is not None:
+            if self.radix.token_granular:
+                self._keep_partial_block(req)
             self.radix.release(req.request_id, self.step)
         self._nodes = None
         for block_id in reversed(req.block_table):
@@ -204,6 +259,31 @@ class BlockManager:
                 block.last_used = self.step
                 self._add_free(block_id)
         req.block_table = []
+
+    def _keep_partial_block(self, req: Request) -> None:
+        """Token-granular radix: leave req's partly computed last block in the tree."""
+        assert self.radix is not None
+        P, n = self.block_size, req.num_computed_tokens
+        held = self.radix.holders.get(req.request_id)
+        index = n // P
+        if n % P == 0 or index >= len(req.block_table) or (held.end if held else 0) != index:
+            return  # nothing partial computed, or the path held stops short of it
+        block_id = req.block_table[index]
+        if self.blocks[block_id].ref_count == 1 and not self.radix.is_cached(block_id) and \
+                self.radix.insert_partial(req.request_id, req.token_ids, block_id, n % P,
+                                          self.step):
+            self._nodes = None
+        self._take_dropped()
+
+    def _take_dropped(self) -> None:
+        """Blocks the tree let go of (covered partial leaves): plain free blocks again."""
+        assert self.radix is not None
+        for block_id in self.radix.dropped:
+            self._nodes = None
+            if block_id in self.cached_free:  # unheld: a partial leaf's block always is
+                del self.cached_free[block_id]
+                self.free_blocks.move_to_end(block_id, last=False)
+        self.radix.dropped = []
 
     def trim(self, req: Request, num_tokens: int) -> None:
         """Give back the blocks of req's table past its first num_tokens tokens: lookahead that
@@ -225,14 +305,24 @@ class BlockManager:
         elif self.radix is not None:  # plain blocks go first, so a cached one waits
             self.free_blocks.move_to_end(block_id, last=False)
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Register req's newly full, computed blocks in the prefix cache."""
+    def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Register req's blocks that are full once its first num_tokens tokens have K/V.
+
+        num_tokens defaults to the tokens already computed (the engine's call after a step).
+        The scheduler calls it with what a step is about to compute, as vLLM V1's allocate_slots
+        does, so that a request admitted later in the same step already finds those blocks: the
+        step's K/V are written into the pool before attention reads it, in every layer. It is
+        capped at the request's known tokens: proposed tokens that may be rejected are never
+        registered.
+        """
         if not self.enable_prefix_caching:
             return
+        num_tokens = min(req.num_computed_tokens if num_tokens is None else num_tokens,
+                         req.num_tokens)
         if self.radix is not None:
-            return self._insert_radix(req)
+            return self._insert_radix(req, num_tokens)
         P, table = self.block_size, req.block_table
-        num_full = min(req.num_computed_tokens // P, len(table))
+        num_full = min(num_tokens // P, len(table))
         first = num_full
         while first > 0 and self.blocks[table[first - 1]].hash is None:
             first -= 1  # full blocks get hashed in order, so the unhashed ones are a suffix
@@ -246,16 +336,24 @@ class BlockManager:
             # Two requests may compute the same block at once; the first one registered stays.
             self.cached.setdefault(block.hash, block.block_id)
 
-    def _insert_radix(self, req: Request) -> None:
-        """Insert req's full computed blocks in the tree; where the tree already held the same
-        tokens, req's table takes the tree's block and its own copy goes back to the pool."""
+    def _insert_radix(self, req: Request, num_tokens: int) -> None:
+        """Insert req's blocks full after num_tokens in the tree; where the tree already held
+        the same tokens, req's table takes the tree's block and its own copy goes back to the
+        pool. Blocks the step has yet to compute are only added where the tree lacks them: a
+        swap then would point two requests' writes at one block in one forward."""
         assert self.radix is not None
         table = req.block_table
-        num_full = min(req.num_computed_tokens // self.block_size, len(table))
+        num_full = min(num_tokens // self.block_size, len(table))
         num_cached = len(self.radix.block_node)
-        swaps = self.radix.insert(req.request_id, req.token_ids, table, num_full, self.step)
+        num_computed = req.num_computed_tokens // self.block_size
+        swaps = self.radix.insert(req.request_id, req.token_ids, table, num_full, self.step,
+                                  num_computed=num_computed)
         if swaps or len(self.radix.block_node) != num_cached:
             self._nodes = None
+        self._uncomputed.update(b for b in table[num_computed:num_full]
+                                if self.radix.is_cached(b))
+        if self.radix.dropped:
+            self._take_dropped()
         for index, tree_block in swaps:
             copy = self.blocks[table[index]]
             self.blocks[tree_block].ref_count += 1
@@ -275,7 +373,7 @@ class BlockManager:
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: the block is about to hold other tokens
-            del self.cached_free[block_id]
+            self.cached_free.pop(block_id, None)  # absent for an unregistered duplicate
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
                 self._count_eviction([block_id])

@@ -160,3 +160,30 @@ def crossover_context_len(model: models.ModelLike, hw: roofline.Hardware | str,
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if swap_wins(mid) else (mid, hi)
     return hi
+
+
+def fits(model: models.ModelLike, hw: roofline.Hardware | str, context_len: int = 2048,
+         dtype_bytes: float = 2, gpu_memory_utilization: float = 0.9) -> bool:
+    """Whether one GPU of hw holds the model's weights and the K/V of one context_len-token
+    request in gpu_memory_utilization of its memory (vLLM's default share, 0.9): the least a
+    server needs before there is anyone to preempt. Llama-3-8B in 16 bits (16.1 GB) does not fit
+    a 16 GB T4; Llama-3-70B (141 GB) fits no single GPU of roofline.HARDWARE."""
+    config, device = _resolve(model, hw)
+    need = sizing.weight_bytes(config, dtype_bytes) + sizing.kv_cache_bytes(
+        config, context_len, 1, dtype_bytes)
+    return need <= device.memory * gpu_memory_utilization
+
+
+def crossover_summary(model: models.ModelLike, hw: roofline.Hardware | str,
+                      dtype_bytes: float = 2) -> str:
+    """One cell of a crossover table: "swap from N tokens", "<mode> at every length", or, where
+    the model does not fit one GPU of hw (fits), that it does not fit and why: a crossover for
+    a server that cannot exist would be a number about nothing."""
+    config, device = _resolve(model, hw)
+    if not fits(config, device, dtype_bytes=dtype_bytes):
+        weights = sizing.weight_bytes(config, dtype_bytes) / 1e9
+        return f"does not fit ({weights:.0f} GB > {0.9 * device.memory / 1e9:.0f} GB)"
+    crossover = crossover_context_len(config, device, dtype_bytes)
+    if crossover is None:
+        return f"{preemption_costs(config, device, [1], dtype_bytes)[0].cheaper} at every length"
+    return f"swap from {crossover:,}"

@@ -14,6 +14,14 @@ skipped) finds the next victim in O(log n) and nothing ever scans the tree.
 
 The tree stores block ids only; minillm.kv_cache.BlockManager keeps the pool, the free list and
 the blocks' own reference counts, which equal their nodes' counts.
+
+Token-granular mode (token_granular=True, prefix_caching="radix-token") is SGLang's default
+behaviour with a page size of 1, kept over blocks: a match may end inside a block, and the
+tokens it shares there are reused too. Such a block is never shared (the new request will write
+the rest of it): BlockManager copies it into a fresh block of the request's own (copy on
+write) and the request starts computing at the first token that differs. A finished request's
+last, partly filled block also stays in the tree, as a leaf of fewer than P tokens that only
+copies are ever taken from, so the next turn of a chat reuses its whole history.
 """
 
 from __future__ import annotations
@@ -53,8 +61,9 @@ class RadixNode:
 class RadixCache:
     """A radix tree of cached KV blocks with per-node reference counts and LRU leaf eviction."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, token_granular: bool = False):
         self.block_size = block_size
+        self.token_granular = token_granular
         self._node_ids = itertools.count()
         self.root = RadixNode(next(self._node_ids), parent=None, token_ids=(), block_ids=[], end=0)
         self.block_node: dict[int, RadixNode] = {}  # cached block id -> the node holding it
@@ -63,6 +72,9 @@ class RadixCache:
         self._entries = itertools.count()
         self._heap: list[tuple[int, int, RadixNode]] = []  # (tick, entry id, leaf)
         self._snapshot_memo: dict[int, CacheNode] = {}  # node id -> its last CacheNode
+        # Partial leaves made redundant by a longer copy of their tokens: their blocks leave
+        # the tree and go back to the pool as plain free blocks (BlockManager takes them).
+        self.dropped: list[int] = []
 
     def is_cached(self, block_id: int) -> bool:
         return block_id in self.block_node
@@ -87,6 +99,77 @@ class RadixCache:
             node = child
         return hits
 
+    def match_tokens(self, token_ids: Sequence[int], max_tokens: int,
+                     exclude: set[int] | frozenset[int] = frozenset()
+                     ) -> tuple[list[int], int | None, int]:
+        """Token-granular match: the whole cached blocks that hold the first tokens of
+        token_ids, then the block that shares the most of the next tokens with it (its id and
+        how many, at least 1, or None and 0), at most max_tokens tokens in all. exclude: blocks
+        whose K/V are not computed yet (scheduled this step): a copy of them would copy garbage.
+        """
+        P = self.block_size
+        hits = self.match(token_ids, max_tokens // P)
+        i = len(hits)
+        if hits:
+            node = self.block_node[hits[-1]]
+            k = i - node.start  # blocks of node matched
+            candidates = ([(node.block_ids[k], node.token_ids[k * P:(k + 1) * P])]
+                          if k < len(node.block_ids) else
+                          [(c.block_ids[0], c.token_ids[:P]) for c in node.children.values()])
+        else:
+            candidates = [(c.block_ids[0], c.token_ids[:P]) for c in self.root.children.values()]
+        want = token_ids[i * P:min(max_tokens, (i + 1) * P)]
+        best, best_len = None, 0
+        for block_id, tokens in candidates:
+            n = 0
+            while n < len(want) and n < len(tokens) and tokens[n] == want[n]:
+                n += 1
+            if n > best_len and block_id not in exclude:
+                best, best_len = block_id, n
+        return hits, best, best_len
+
+    def insert_partial(self, request_id: str, token_ids: Sequence[int], block_id: int,
+                       num_tokens: int, step: int) -> bool:
+        """Keep the first num_tokens (< P) tokens of the block after the path request_id holds
+        as a partial leaf that nobody holds, for later matches to copy (token-granular mode).
+
+        Not kept if a child there already starts with those tokens (a longer copy covers it);
+        a shorter partial leaf that it covers leaves the tree (its block goes to self.dropped).
+        Returns whether the block entered the tree."""
+        P = self.block_size
+        node = self.holders.get(request_id, self.root)
+        start = node.end * P
+        key = tuple(token_ids[start:start + num_tokens])
+        assert 0 < num_tokens < P and len(key) == num_tokens
+        for child in list(node.children.values()):
+            if child.token_ids[:num_tokens] == key:
+                return False  # a child holds these tokens and more: nothing new to keep
+            if len(child.token_ids) < P and key[:len(child.token_ids)] == child.token_ids:
+                self._drop(child)  # a shorter partial copy of the same start: replaced
+        leaf = RadixNode(next(self._node_ids), node, key, [block_id], end=node.end + 1)
+        node.children[key] = leaf
+        self.block_node[block_id] = leaf
+        self._touch(leaf, step)
+        self._push(leaf)
+        return True
+
+    def _drop(self, leaf: RadixNode) -> None:
+        """Take an unheld partial leaf out of the tree; its block goes to self.dropped."""
+        assert leaf.parent is not None and not leaf.children and leaf.ref_count == 0
+        del leaf.parent.children[leaf.token_ids[:self.block_size]]
+        leaf.alive = False
+        for b in leaf.block_ids:
+            del self.block_node[b]
+            self.dropped.append(b)
+
+    def _drop_covered_partials(self, node: RadixNode, block_tokens: BlockKey) -> None:
+        """A full block of block_tokens now follows node: partial leaves under node that hold
+        a start of it are redundant (a copy of the full block reuses as much)."""
+        for child in list(node.children.values()):
+            if len(child.token_ids) < self.block_size and \
+                    block_tokens[:len(child.token_ids)] == child.token_ids:
+                self._drop(child)
+
     def acquire(self, request_id: str, block_ids: Sequence[int], step: int) -> None:
         """Make request_id hold the matched path that ends with block_ids[-1] (its table's start).
 
@@ -104,29 +187,38 @@ class RadixCache:
             self._touch(n, step)
 
     def insert(self, request_id: str, token_ids: Sequence[int], block_table: list[int],
-               num_full: int, step: int) -> list[tuple[int, int]]:
-        """Cache the request's first num_full blocks (full and computed) beyond the path it holds.
+               num_full: int, step: int, num_computed: int | None = None
+               ) -> list[tuple[int, int]]:
+        """Cache the request's first num_full blocks beyond the path it holds; the first
+        num_computed of them (default all) hold computed K/V, the rest the step is about to
+        compute (the scheduler registers a block when it schedules it, so that a request admitted
+        later in the same step finds it).
 
         Returns (table index, tree block) pairs where the tree already held those tokens in
         another block, for BlockManager to swap in: two copies of the same KV would waste a
-        block. The request then holds the path to its last full block."""
+        block. Only computed blocks are swapped: an uncomputed block whose tokens the tree holds
+        stays the request's own and uncached, so that no two requests write one block in one
+        step. The request then holds the path to its last cached block."""
         P = self.block_size
+        num_computed = num_full if num_computed is None else min(num_computed, num_full)
         node = self.holders.get(request_id, self.root)
         i, swaps = node.end, []
-        while i < num_full:  # walk down the edges that already hold the next blocks
+        while i < num_computed:  # walk down the edges that already hold the next blocks
             child = node.children.get(tuple(token_ids[i * P:(i + 1) * P]))
             if child is None:
                 break
-            k = self._num_equal_blocks(child, token_ids, i, num_full)
+            k = self._num_equal_blocks(child, token_ids, i, num_computed)
             if k < len(child.block_ids):
                 child = self._split(child, k)
             child.ref_count += 1
             self._touch(child, step)
             swaps.extend((i + j, b) for j, b in enumerate(child.block_ids))
             node, i = child, i + k
-        if i < num_full:
+        if i < num_full and tuple(token_ids[i * P:(i + 1) * P]) not in node.children:
             new_blocks = block_table[i:num_full]
             new_tokens = tuple(token_ids[i * P:num_full * P])
+            if self.token_granular:
+                self._drop_covered_partials(node, new_tokens[:P])
             if node is not self.root and not node.children and node.ref_count == 1:
                 # Only this request holds the leaf: its run grows in place (stays compressed).
                 node.token_ids += new_tokens

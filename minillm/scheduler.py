@@ -21,15 +21,24 @@ it (SchedulerOutput.waiting_cause) so that queueing can be explained.
 
 KV blocks are allocated a step at a time. When the pool runs dry, the running request that
 matters least is preempted: the newest, or under "priority" the worst ranked (running is kept
-in rank order). Under preemption_mode="recompute" its blocks are freed and it goes back to the
-queue, to be computed again later from its prompt and the tokens it already produced; under
-"swap" its computed blocks are copied to the host pool first (minillm.swap) and back when it
-resumes. Under "priority" a waiting request may also preempt running requests of a worse rank
-to get a seat or blocks.
+in rank order), as vLLM V1 picks its victim. Under preemption_mode="recompute" its blocks are
+freed (tail first, so with prefix caching its prefix stays cached longest and much of its
+recompute is a cache hit, the more the sooner it resumes) and it goes back to the queue, to be
+computed again later from its prompt and the tokens it already produced; under "swap" its
+computed blocks are copied to the host pool first (minillm.swap) and back when it resumes.
+Only under "priority" with priority_preemption="for_waiting" (vLLM V0's rule) does a waiting
+request also preempt running requests of a worse rank and priority to get a seat or blocks; by
+default (V1) it waits for them.
+
+admission_policy, None by default, is a hook for a rule of one's own (chapter 09's exercise):
+a callable (request, scheduler) -> bool asked before each waiting request is admitted; a
+request it refuses is passed over for this step (the ones behind it may start), and its
+waiting_cause reads "seats", since what it was refused is a seat.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,6 +50,13 @@ from minillm.waiting_queue import WaitingQueue
 
 Phase = Literal["prefill", "decode"]
 WaitingCause = Literal["seats", "blocks", "budget", "batch"]
+# (a waiting request, the scheduler) -> whether it may be admitted now (Scheduler.admission_policy)
+AdmissionPolicy = Callable[["Request", "Scheduler"], bool]
+
+
+class AdmissionStalled(RuntimeError):
+    """The admission policy refused every waiting request while none runs: nothing would ever
+    change its mind, so the server would wait forever."""
 
 @dataclass(frozen=True)
 class ScheduledRequest:
@@ -85,7 +101,9 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.swap_space = swap_space if config.preemption_mode == "swap" else None
-        self.waiting = WaitingQueue(config.scheduling_policy, block_manager.match_prefix)
+        self.waiting = WaitingQueue(config.scheduling_policy, block_manager.match_prefix,
+                                    config.priority_aging_steps)
+        self.admission_policy: AdmissionPolicy | None = None  # see the module docstring
         # In admission order, or under "priority" by (rank, admission): the last one is the one
         # preempted first, and it is never scheduled before the ones in front of it.
         self.running: list[Request] = []
@@ -113,14 +131,14 @@ class Scheduler:
                 out.waiting_cause = "batch"
             self._schedule_running(out, budget)
         elif self.config.enable_chunked_prefill:
-            self._preempt_for_priority(out)
+            self._preempt_for_waiting(out)
             budget = self._schedule_running(out, budget)
             if out.ran_dry:  # a pool that just ran dry admits nobody new
                 out.waiting_cause = "blocks" if self.waiting else None
             else:
                 self._admit(out, budget)
         else:
-            self._preempt_for_priority(out)
+            self._preempt_for_waiting(out)
             self._admit(out, budget)
             if not out.scheduled:
                 self._schedule_running(out, budget)
@@ -209,10 +227,16 @@ class Scheduler:
         self.waiting.put_back(req)
         self.num_preemptions += 1
 
-    def _preempt_for_priority(self, out: SchedulerOutput) -> None:
-        """Under "priority", preempt running requests of a worse rank than the first waiting
-        one until it has a seat and blocks for its first chunk."""
-        if self.config.scheduling_policy != "priority" or not self.waiting:
+    def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
+        """Under priority_preemption="for_waiting" (vLLM V0), preempt running requests of a worse
+        rank and a worse priority than the first waiting one until it has a seat and blocks for
+        its first chunk. By default ("out_of_blocks", vLLM V1) nothing is preempted for a
+        waiting request.
+
+        The priority test is what V0 compares (it has no ageing). Ageing alone must not preempt:
+        two requests of one class would take turns, each ageing past the other while it waits,
+        and with every turn throwing computed tokens away neither would ever finish."""
+        if self.config.priority_preemption != "for_waiting" or not self.waiting:
             return
         self.waiting.order()
         head, bm = self.waiting[0], self.block_manager
@@ -224,41 +248,88 @@ class Scheduler:
             num_cached = len(prefix) * bm.block_size
             need = num_cached + min(head.num_tokens - num_cached,
                                     self.config.max_num_batched_tokens)
-        while self.running and running_rank(self.running[-1]) > rank and (
+        while self.running and running_rank(self.running[-1]) > rank \
+                and self.running[-1].priority > head.priority and (
                 len(self.running) >= self.config.max_num_seqs
                 or not bm.can_allocate(head, need, prefix)):
             self._preempt(self.running.pop(), out)
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
-        """Admit waiting requests in order while the step has budget, seats and blocks."""
+        """Admit waiting requests in order while the step has budget, seats and blocks (and the
+        admission_policy, if any, agrees: those it refuses wait at the front, in order).
+
+        Each block a step fills is registered in the prefix cache when it is scheduled (as in
+        vLLM V1), so a request admitted after it in the same step already finds it: the forward
+        writes the step's K/V into the pool before attention reads it, layer by layer."""
+        for s in out.scheduled:  # running requests' chunks, scheduled before any admission
+            self._register(s.request, s.num_computed_tokens + s.num_tokens)
         if budget > 0 and len(self.running) < self.config.max_num_seqs:
             self.waiting.order()
+        if self.admission_policy is None:
+            self._admit_in_order(out, budget)
+            return
+        refused: list[Request] = []
+        try:
+            while self.waiting:
+                budget = self._admit_in_order(out, budget, self.admission_policy)
+                if not self.waiting or out.waiting_cause != "seats" \
+                        or len(self.running) >= self.config.max_num_seqs \
+                        or self.waiting[0] in out.preempted:
+                    break
+                refused.append(self.waiting.popleft())  # the policy's no: try the next one
+        finally:
+            self.waiting.extendleft(reversed(refused))
+        if refused:
+            out.waiting_cause = out.waiting_cause or "seats"
+            if not self.running and not out.scheduled and not out.preempted:
+                raise AdmissionStalled(
+                    f"admission_policy refused all {len(refused)} waiting requests while none "
+                    "runs: they would wait forever; let a request in when the server is idle")
+
+    def _admit_in_order(self, out: SchedulerOutput, budget: int,
+                        policy: AdmissionPolicy | None = None) -> int:
+        """Admit from the head of the queue until one cannot start; returns the budget left.
+        A request the policy refuses stops it with waiting_cause "seats"."""
         while self.waiting:
             if budget <= 0:
                 out.waiting_cause = "budget"
-                return
+                return budget
             if len(self.running) >= self.config.max_num_seqs:
                 out.waiting_cause = "seats"
-                return
+                return budget
             req = self.waiting[0]
             if req in out.preempted:  # it just gave up its blocks for those ahead of it
                 out.waiting_cause = "blocks"
-                return
+                return budget
+            if policy is not None and not policy(req, self):
+                out.waiting_cause = "seats"
+                return budget
             if req.swap_blocks:  # its K/V wait in the host pool: no prefix to match
                 match, num_cached = None, req.num_computed_tokens
             else:
                 match = self.block_manager.match_prefix(req.token_ids)
-                num_cached = len(match.block_ids) * self.block_manager.block_size
+                num_cached = match.num_tokens(self.block_manager.block_size)
             num_new = self._prefill_chunk(req.num_tokens - num_cached, budget, not out.scheduled)
             if num_new == 0:
                 out.waiting_cause = "budget"
-                return
+                return budget
             if not self.block_manager.allocate(req, num_cached + num_new, match):
                 out.waiting_cause = "blocks"
-                return
+                return budget
+            resumed = bool(req.swap_blocks)
             self._start(req, num_cached, out)
             out.add(req, num_new)
+            if not resumed:  # a swapped-in table holds its K/V only once the step copies it in,
+                self._register(req, num_cached + num_new)  # so it is registered after the step
             budget -= num_new
+        out.waiting_cause = None
+        return budget
+
+    def _register(self, req: Request, num_tokens: int) -> None:
+        """Register req's blocks that are full after its first num_tokens (the block manager
+        caps it at the known tokens: speculative ones, which may be rejected, never count)."""
+        if self.block_manager.enable_prefix_caching:
+            self.block_manager.cache_full_blocks(req, num_tokens)
 
     def _admit_static_batch(self, out: SchedulerOutput) -> None:
         """Seat a whole batch at once, each with blocks for its whole prompt."""
@@ -273,7 +344,7 @@ class Scheduler:
                 out.waiting_cause = "blocks"
                 return
             num_cached = (req.num_computed_tokens if match is None
-                          else len(match.block_ids) * self.block_manager.block_size)
+                          else match.num_tokens(self.block_manager.block_size))
             self._start(req, num_cached, out)
 
     def _start(self, req: Request, num_cached_tokens: int, out: SchedulerOutput) -> None:

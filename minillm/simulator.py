@@ -28,7 +28,7 @@ from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
 from minillm.sampling import SamplingParams
-from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.scheduler import AdmissionPolicy, ScheduledRequest, Scheduler, SchedulerOutput
 from minillm.simulated_pool import block_bytes, resolve_config
 from minillm.spec.cost import with_verified_rows
 from minillm.spec.simulate import SimulatedSpeculation, is_speculative, split_speculation
@@ -77,6 +77,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              step_time: StepTimer = roofline.step_time, kv_dtype_bytes: float | None = None,
              acceptance_rate: float | None = None, draft_model: str | ModelConfig | None = None,
              tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+             admission_policy: AdmissionPolicy | None = None,
              **engine_kwargs: Any) -> SimulationResult:
     """Serve workload with the real scheduler on hw, timing each step with the roofline model.
 
@@ -111,6 +112,8 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     stages, as vLLM does (minillm.virtual_engines); the trace holds every engine's steps in
     order of start, and the stats are their sums. With a step_time of your own, used as given,
     the engine runs one step at a time. Not with speculative decoding.
+    admission_policy: Scheduler.admission_policy, a rule of one's own asked before each waiting
+    request is admitted (minillm.scheduler); not under pipeline parallelism.
     """
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
@@ -121,6 +124,9 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
         raise ValueError("speculative decoding is not modelled on several GPUs; use "
                          "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
     pipelined = layout.pipeline_parallel_size > 1 and step_time is roofline.step_time
+    if pipelined and admission_policy is not None:
+        raise ValueError("admission_policy is not plumbed into pipeline-parallel virtual "
+                         "engines; use pipeline_parallel_size=1 with it")
     if layout.world_size > 1 and step_time is roofline.step_time:
         step_time = parallel.step_timer(layout)
     draft = speculation.draft if speculation else None
@@ -143,6 +149,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
                                                       make_engine)
         else:
             sim = make_engine(config, step_time)
+            sim.scheduler.admission_policy = admission_policy
             requests = sim.run(workload)
             trace, stats = sim.trace, sim.stats()
         outputs = [RequestOutput.of(r) for r in requests]

@@ -2,13 +2,15 @@
 
 - "fcfs": arrival order.
 - "priority": the lowest Request.priority first (vLLM's convention), ties by arrival. Waiting
-  ages a request: its place in the queue is that of priority - steps_waited /
-  PRIORITY_AGING_STEPS, so a steady stream of urgent requests delays the rest but cannot starve
-  them. Because every waiting request ages at the same rate, that order never changes while
-  they wait: a request is inserted in place once (a binary search) and the queue is never
-  re-sorted. Its rank, priority - steps_waited // PRIORITY_AGING_STEPS, is what preemption
-  compares; it is fixed when the request is admitted, and the scheduler keeps the running batch
-  in rank order and preempts from its worst end.
+  ages a request (EngineConfig.priority_aging_steps, A): its place in the queue is that of
+  priority - steps_waited / A, so a steady stream of urgent requests delays the rest but cannot
+  starve them. Because every waiting request ages at the same rate, that order never changes
+  while they wait: a request is inserted in place once (a binary search) and the queue is never
+  re-sorted. That holds only while A stays the same, which is why A is fixed for the queue's
+  life (a config field), not a setting to change under a running queue. Its rank,
+  priority - steps_waited // A, is what preemption compares; it is fixed when the request is
+  admitted, and the scheduler keeps the running batch in rank order and preempts from its
+  worst end. A = None: no ageing, strict priority.
 - "lpm" (SGLang's longest prefix match): the longest cached prefix first, so that requests
   sharing a prefix run while it is cached and fewer prefills are computed. Its risk is
   starvation: a request that shares nothing can be passed over for as long as others keep
@@ -38,10 +40,6 @@ LPM_MAX_WAITING = 128
 # the server is full is overtaken by nobody and loses nothing. 32 is a batch or two of a
 # typical server: the extra wait is a few batches' prefill at most.
 LPM_MAX_OVERTAKES = 32
-# Under "priority", a request's value drops by one for every this many steps it has waited.
-# 1,000 steps is 10-50 seconds of a busy GPU server: long enough that priorities mean what they
-# say under a burst, short enough that a low-priority request is not parked indefinitely.
-PRIORITY_AGING_STEPS = 1000
 
 
 class WaitingQueue(deque):
@@ -49,12 +47,14 @@ class WaitingQueue(deque):
 
     match_prefix(token_ids) -> PrefixMatch is the block manager's (LPM sorts by it). step is
     the scheduler's step count, which it sets before each schedule: the clock that ages ranks.
+    aging_steps: EngineConfig.priority_aging_steps (None: no ageing).
     """
 
     def __init__(self, policy: SchedulingPolicy,
-                 match_prefix: Callable[[Sequence[int]], Any]):
+                 match_prefix: Callable[[Sequence[int]], Any], aging_steps: int | None = 1000):
         super().__init__()
         self.policy, self.match_prefix, self.step = policy, match_prefix, 0
+        self.aging_steps = aging_steps
         self._arrivals = itertools.count()
         self._seq: dict[Request, int] = {}  # arrival number, kept until the request finishes
         # LPM: arrival numbers of fresh requests, overtake counts, preempted requests
@@ -92,20 +92,24 @@ class WaitingQueue(deque):
         self.insert(bisect.bisect(self, key, key=self._priority_key), req)
 
     def _priority_key(self, req: Request) -> tuple[int, int]:
-        """PRIORITY_AGING_STEPS * (priority - steps waited / PRIORITY_AGING_STEPS) less the
-        current step, which all waiting requests share: a constant while req waits."""
+        """A * (priority - steps waited / A) less the current step, which all waiting requests
+        share: a constant while req waits (A = aging_steps; without ageing, the priority)."""
+        if self.aging_steps is None:
+            return (req.priority, self._seq[req])
         waited_before = self._waited.get(req, 0) - self._queued_at[req]
-        return (req.priority * PRIORITY_AGING_STEPS - waited_before, self._seq[req])
+        return (req.priority * self.aging_steps - waited_before, self._seq[req])
 
     def rank(self, req: Request) -> int:
-        """Under "priority": the priority less one per PRIORITY_AGING_STEPS waited (a running
-        request keeps the rank it was admitted with); 0 under the other policies."""
+        """Under "priority": the priority less one per aging_steps waited (a running request
+        keeps the rank it was admitted with); 0 under the other policies."""
         if self.policy != "priority":
             return 0
         if req in self._rank:
             return self._rank[req]
+        if self.aging_steps is None:
+            return req.priority
         waited = self._waited.get(req, 0) + self.step - self._queued_at.get(req, self.step)
-        return req.priority - waited // PRIORITY_AGING_STEPS
+        return req.priority - waited // self.aging_steps
 
     def start(self, req: Request) -> int:
         """Take the head, req, out to run; returns the rank it runs with."""

@@ -7,13 +7,13 @@ median over rounds that one stalled run cannot flip.
 
 import argparse
 import re
-import time
 
 import pytest
 
 from minillm import default_model_path, machine
 from minillm.bench import __main__ as bench_cli
 from minillm.bench import engine as bench_engine
+from minillm.model_config import ModelConfig
 
 
 def test_heavy_tailed_workload_is_seeded_and_heavy_tailed():
@@ -51,9 +51,21 @@ def test_one_stalled_run_moves_the_spread_not_the_median():
     assert min(on_cpu.per_round) > 2.2
 
 
-def test_the_cpu_clock_counts_only_this_process_work():
-    seconds = bench_engine.timed(lambda: time.sleep(0.2))  # another process holds the core
-    assert seconds["wall"] >= 0.2 > 10 * seconds["cpu"]
+def test_timed_reads_the_wall_and_the_cpu_clock_around_the_call(monkeypatch):
+    # Scripted clocks, no sleeping: fn runs while the wall clock advances 0.2 s (another
+    # process holds the core) and this process's CPU clock 0.01 s; timed must report each
+    # clock's own difference, read before and after fn and not around anything else.
+    clocks = {"wall": [10.0], "cpu": [3.0]}
+    fake = argparse.Namespace(perf_counter=lambda: clocks["wall"][-1],
+                              process_time=lambda: clocks["cpu"][-1])
+    monkeypatch.setattr(bench_engine, "time", fake)
+
+    def work():
+        clocks["wall"].append(10.2)
+        clocks["cpu"].append(3.01)
+
+    seconds = bench_engine.timed(work)
+    assert seconds == {"wall": pytest.approx(0.2), "cpu": pytest.approx(0.01)}
 
 
 def test_engine_benchmark_reports_median_ratios_with_spread(capsys, monkeypatch):
@@ -65,9 +77,39 @@ def test_engine_benchmark_reports_median_ratios_with_spread(capsys, monkeypatch)
     out = capsys.readouterr().out
     assert settled, "the benchmark settles torch's threads before it times anything"
     assert set(ratios) == {"continuous / static", "continuous / transformers"}
-    assert all(len(r.per_round) == 2 and r.median > 0 for r in ratios.values())
-    assert "tokens/s" in out and "continuous / static: " in out and "median of 2 rounds" in out
-    assert "on the CPU clock" in out
+    vocab = ModelConfig.from_pretrained(default_model_path()).vocab_size
+    tokens = sum(r.max_tokens for r in bench_engine.heavy_tailed_workload(6, vocab, seed=0))
+    assert f"workload: 6 requests, {tokens} output tokens" in out
+    rows = [line.split() for line in out.splitlines() if re.match(r"[01] +\d", line)]
+    assert [row[0] for row in rows] == ["0", "1"]  # one line a round, three contenders each
+    assert all(len(row) == 1 + 3 * 3 and row[2::3] == ["/"] * 3 for row in rows)
+    for name, ratio in ratios.items():  # each reported ratio is the one printed, per round
+        assert len(ratio.per_round) == 2
+        assert f"{name}: {ratio} on the wall clock; " in out
+
+
+def test_engine_benchmark_reports_each_rounds_ratio_and_their_median(capsys, monkeypatch):
+    # Contenders with scripted times: the report must pair each round's times, take static's
+    # (or transformers') seconds over continuous's in that round, and report the median.
+    walls = {"continuous": iter([1.0, 1.0, 2.0]), "static": iter([2.0, 3.0, 3.0]),
+             "transformers": iter([4.0, 2.0, 8.0])}
+
+    def scripted(name):
+        return lambda reqs: {"wall": next(walls[name]), "cpu": 1.0}
+
+    monkeypatch.setattr(bench_engine, "minillm_contender",
+                        lambda path, batch, scheduling, warmup: scripted(scheduling))
+    monkeypatch.setattr(bench_engine, "transformers_contender",
+                        lambda path, batch, warmup: scripted("transformers"))
+    args = argparse.Namespace(model=default_model_path(), num_requests=6, batch_size=3, seed=0,
+                              rounds=3)
+    ratios = bench_engine.main(args)
+    out = capsys.readouterr().out
+    assert ratios["continuous / static"].per_round == (2.0, 3.0, 1.5)
+    assert ratios["continuous / transformers"].per_round == (4.0, 2.0, 4.0)
+    assert "continuous / static: 2.00x median of 3 rounds (range 1.50-3.00x) on the wall " \
+           "clock; 1.00x median of 3 rounds (range 1.00-1.00x) on the CPU clock" in out
+    assert re.search(r"minillm static +3\.00 +\d+\.\d", out)  # the median seconds
 
 
 def test_every_bench_command_settles_threads_first(monkeypatch):
@@ -80,10 +122,9 @@ def test_every_bench_command_settles_threads_first(monkeypatch):
 
 def test_prefix_bench_measures_ttft_and_hit_rates_side_by_side(capsys):
     # A small run of `bench prefix`: a 256-token shared prompt and four chats. What it must show
-    # holds at any size: a cached prompt is not prefilled again (TTFT well under the uncached
-    # one), and with an ample pool both designs reach the ceiling, while a tight one evicts.
+    # holds at any size: a cached prompt is not prefilled again (counted in tokens), and with
+    # an ample pool both designs reach the ceiling, while a tight one evicts.
     from minillm.bench import prefix as bench_prefix
-    from minillm.model_config import ModelConfig
 
     parser = argparse.ArgumentParser()
     bench_prefix.add_arguments(parser)
@@ -93,7 +134,8 @@ def test_prefix_bench_measures_ttft_and_hit_rates_side_by_side(capsys):
     ratios = bench_prefix.shared_prompt_ttft(args, vocab)
     out = capsys.readouterr().out
     assert set(ratios) == {"hash", "radix"} and all(len(r.per_round) == 2 for r in ratios.values())
-    assert all(r.median < 0.8 for r in ratios.values()), out
+    # Its TTFT ratios are printed as measured; what they come to is the benchmark's to report,
+    # not a unit test's to assert. What cannot vary is how much each design prefilled:
     assert "prefill tokens computed per round:    816 (272 per question)" in out  # 256+16, off
     assert out.count("prefill tokens computed per round:     48 (16 per question)") == 2
     rates = bench_prefix.chat_hit_rates(args, vocab)

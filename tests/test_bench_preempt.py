@@ -92,3 +92,9 @@ def test_the_bench_settles_threads_first(monkeypatch):
     monkeypatch.setattr(preempt, "main", lambda args: order.append("preempt") or 0)
     assert bench_cli.main(["preempt", "--quick"]) == 0
     assert order == ["settle", "preempt"]
+
+
+def test_every_modelled_pair_fits_its_gpu() -> None:
+    from minillm.preemption import fits
+
+    assert all(fits(model, hw) for _, model, hw in preempt.MODELLED)

@@ -9,7 +9,6 @@ import pytest
 
 from minillm.capstone import PRICES, SCENARIOS, evaluate, reference
 from minillm.deployment import Deployment, replica_share, run_deployment
-from minillm.sizing import cost_per_million_tokens
 
 pytestmark = pytest.mark.ch11
 
@@ -20,6 +19,10 @@ def test_the_recipe_meets_every_scenarios_slo(name: str) -> None:
     rec = reference(scenario)
     run = evaluate(scenario, rec.deployment)  # simulated again, on the same ruler
     assert run.attainment >= 0.9 and rec.attainment == run.attainment
+    # The attainment, counted by hand from the simulated requests against the scenario's SLO.
+    met = [all(getattr(o.metrics, name) <= bound for name, bound in scenario.slo.items())
+           for o in run.result.outputs]
+    assert run.attainment == pytest.approx(sum(met) / len(met))
     assert run.goodput == pytest.approx(rec.goodput)
     assert rec.gpus_used <= scenario.gpus
     assert run.dollars_per_million_tokens == pytest.approx(rec.dollars_per_million_tokens)
@@ -43,17 +46,31 @@ def test_the_chapter_scenario_rewards_the_recipe_over_the_defaults() -> None:
 
 
 def test_run_deployment_scales_one_replica_to_the_fleet() -> None:
+    """Four replicas behind an even router: one replica serves every fourth request, and the
+    fleet's goodput and cost are that run's, worked out by hand from its requests."""
     scenario = SCENARIOS["rag-8b"]
+    workload = scenario.workload()
     deployment = Deployment(1, replicas=4, max_num_seqs=64, max_num_batched_tokens=512)
-    run = run_deployment(scenario.model, scenario.hardware, scenario.workload(), scenario.slo,
-                         deployment, sim_requests=100)
-    assert len(run.result.outputs) == 100
-    assert run.goodput == pytest.approx(run.summary.goodput * 4)
-    tokens = run.summary.output_throughput * 4
+    run = run_deployment(scenario.model, scenario.hardware, workload, scenario.slo, deployment,
+                         sim_requests=100)
+    served = sorted(o.metrics.arrival_time for o in run.result.outputs)
+    assert served == [s.arrival_time for s in list(workload)[::4][:100]]
+    done = [o.metrics for o in run.result.outputs]
+    seconds = max(m.finished_time for m in done) - min(m.arrival_time for m in done)
+    met = sum(m.ttft <= scenario.slo["ttft"] and m.tpot <= scenario.slo["tpot"] for m in done)
+    assert run.goodput == pytest.approx(4 * met / seconds)
+    fleet_tokens_per_hour = 4 * sum(len(m.token_times) for m in done) / seconds * 3600
+    gpu_dollars_per_hour = PRICES["A100-80GB"] * 4  # four replicas of one GPU each
     assert run.dollars_per_million_tokens == pytest.approx(
-        cost_per_million_tokens(PRICES["A100-80GB"] * 4, tokens))
-    share = replica_share(scenario.workload(), 4)
-    assert [s.arrival_time for s in share] == [s.arrival_time for s in scenario.workload()[::4]]
+        gpu_dollars_per_hour / fleet_tokens_per_hour * 1e6)
+    # The same engine serving that share alone: the same run, a quarter of the fleet's goodput
+    # at the same cost per token (a quarter of the GPUs making a quarter of the tokens).
+    alone = run_deployment(scenario.model, scenario.hardware, replica_share(workload, 4),
+                           scenario.slo, Deployment(1, max_num_seqs=64,
+                                                    max_num_batched_tokens=512),
+                           sim_requests=100)
+    assert run.goodput == pytest.approx(4 * alone.goodput)
+    assert run.dollars_per_million_tokens == pytest.approx(alone.dollars_per_million_tokens)
 
 
 def test_an_unpriced_gpu_has_no_cost_and_budgets_are_enforced() -> None:

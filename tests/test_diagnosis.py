@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from minillm import diagnosis
@@ -85,3 +87,21 @@ def test_each_cause_shows_its_sign(one_of_each: dict[str, diagnosis.Deployment])
 def test_score_pairs_answers_with_causes(one_of_each: dict[str, diagnosis.Deployment]) -> None:
     rows = diagnosis.score(lambda d: "healthy", list(one_of_each.values()))
     assert [(answer, cause) for _, answer, cause in rows] == [("healthy", c) for c in CAUSES]
+
+
+def test_the_dashboard_shows_the_signs_and_hides_the_cache(
+        one_of_each: dict[str, diagnosis.Deployment]) -> None:
+    boards = {cause: d.dashboard() for cause, d in one_of_each.items()}
+    for cause, board in boards.items():
+        assert math.isnan(board.prefix_hit_rate), f"{cause}: the cache's counters stay hidden"
+        assert board.num_requests == len(one_of_each[cause].metrics)
+    # Only a pool that runs dry preempts, and it runs full first (measured: 374/min, 100%).
+    storm = boards["kv_pressure"]
+    assert storm.preemptions_per_min > 100 and storm.kv_usage_peak >= 0.99
+    assert all(b.preemptions_per_min == 0 and b.kv_usage_peak < 0.95
+               for c, b in boards.items() if c != "kv_pressure")
+    # GPU-Util reads ~100% on every deployment, sick or healthy: it tells none of them apart.
+    assert all(b.gpu_util > 0.95 for b in boards.values())
+    small = boards["memory_bound_small_batch"]
+    assert small.dram_active > 0.9 and small.tensor_active < 0.1 and small.waiting_mean > 10
+    assert boards["long_prefill_blocking"].stall_p99 > 3 * boards["healthy"].stall_p99

@@ -10,6 +10,7 @@ against what was really written into it, not against the manager's own bookkeepi
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -18,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from minillm.kv_cache import BlockManager, PrefixMatch, chain_hash
 from minillm.request import Request
+from minillm.router import ReplicaView
 from minillm.sampling import SamplingParams
 
 pytestmark = pytest.mark.ch04  # Paging
@@ -237,6 +239,30 @@ def test_two_requests_computing_the_same_prefix_keep_the_first_registered() -> N
     assert bm.match_prefix([1, 2, 3]).block_ids == [a.block_table[0]]
 
 
+def test_a_duplicate_block_is_not_counted_as_cached_free() -> None:
+    # a and b compute the same full block at once: only a's copy enters the map, so only a's
+    # copy can ever be handed out again. b's copy must count as plain free (the fleet's router
+    # reads num_free_blocks - num_cached_free_blocks as room that evicts nothing).
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    a, b = make_request([1, 2, 3], "a"), make_request([1, 2, 3], "b")
+    assert bm.allocate(a, 3) and bm.allocate(b, 3)
+    for req in (a, b):
+        req.num_computed_tokens = 3
+        bm.cache_full_blocks(req)
+    a_first, b_first = a.block_table[0], b.block_table[0]
+    bm.free(b)
+    bm.free(a)
+    assert bm.is_cached(a_first) and not bm.is_cached(b_first)
+    assert bm.cached_free_blocks() == [a_first] and bm.num_cached_free_blocks == 1
+    assert bm.num_free_blocks - bm.num_cached_free_blocks == 3  # b's copy and the two tails
+    # The fleet's router sees the same count (minillm.router.ReplicaView reads this manager).
+    view = ReplicaView(0, SimpleNamespace(block_manager=bm))  # type: ignore[arg-type]
+    assert view.num_free_blocks == 4 and view.num_empty_blocks == 3
+    # The three blocks freed before a's cached one go first: taking them evicts nothing.
+    assert bm.allocate(make_request([8, 9, 8, 9, 8, 9]), 6)
+    assert bm.prefix_cache_evictions == 0 and bm.match_prefix([1, 2, 3]).block_ids == [a_first]
+
+
 # ---- random operation sequences ---------------------------------------------------------------
 
 TOKENS = st.lists(st.integers(0, 1), min_size=1, max_size=10)  # a tiny alphabet: prefixes repeat
@@ -378,7 +404,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @invariant()
     def the_cached_free_count_matches_a_scan_of_the_free_list(self) -> None:
         bm = self.bm  # kept incrementally; a scan is the definition it must equal, in order
-        scan = [b for b in bm.free_blocks if bm.blocks[b].hash is not None]
+        # Cached means findable: the map names this very block under its hash (a duplicate
+        # computed alongside the registered copy keeps its hash for the chain, not the map).
+        scan = [b for b in bm.free_blocks if bm.blocks[b].hash is not None
+                and bm.cached.get(bm.blocks[b].hash) == b]
         assert bm.cached_free_blocks() == scan and bm.num_cached_free_blocks == len(scan)
 
     @invariant()

@@ -110,3 +110,48 @@ def test_the_open_ended_exercises_have_model_answers_with_figures() -> None:
     assert sorted(MODEL_ANSWERS) == ["09.2", "09.3"]
     for answer in MODEL_ANSWERS.values():
         assert answer.startswith("**Model answer.**") and any(c.isdigit() for c in answer)
+
+
+def batch_cap(seats: int):
+    def policy(request, scheduler) -> bool:
+        return request.priority == 0 or sum(r.priority >= 1 for r in scheduler.running) < seats
+    return policy
+
+
+@pytest.mark.ch09
+def test_seat_share_reference_passes_inside_the_real_scheduler(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    calls = []
+
+    def counted(request, scheduler) -> bool:
+        calls.append(type(scheduler).__name__)
+        return SOLUTIONS["09.4"](request, scheduler)
+
+    assert check("09.4", counted) is True
+    assert "PASS  09.4" in capsys.readouterr().out
+    assert calls and set(calls) == {"Scheduler"}, "the reader's rule runs in the engine's own"
+
+
+@pytest.mark.ch09
+@pytest.mark.parametrize("wrong, words", [
+    (lambda r, s: True, "over the 1 s SLO"),  # no rule: the jobs take every seat
+    (batch_cap(60), "over the 1 s SLO"),  # too few seats left for the chats' load
+    (batch_cap(16), "held to too few seats"),  # chats fast, jobs starved of seats
+    (lambda r, s: r.priority == 0, "the scheduler stopped"),  # jobs never admitted
+    (lambda r, s: 1, "return True (it may take a seat now) or False"),
+], ids=["no-rule", "chat-share-too-small", "batch-share-too-small", "never-batch", "not-bool"])
+def test_seat_share_wrong_answers_fail_with_their_hint(wrong, words: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert check("09.4", wrong) is False
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL  09.4") and words in out and "Traceback" not in out
+
+
+@pytest.mark.ch09
+def test_the_unfilled_seat_share_stub_is_reported_as_not_done(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def seat_share(request, scheduler):
+        raise NotImplementedError  # the chapter's stub, called from inside the scheduler
+
+    assert check("09.4", seat_share) is False
+    assert "not done yet" in capsys.readouterr().out

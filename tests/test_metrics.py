@@ -67,3 +67,34 @@ def test_summary_needs_finished_requests():
     with pytest.raises(ValueError):
         summarize([RequestMetrics(arrival_time=0.0)])
     assert math.isnan(percentile([], 50))
+
+
+# ---- how many samples a percentile needs ------------------------------------------------------
+
+def test_percentile_interval_covers_the_true_percentile_as_promised():
+    """Distribution-free: draw n samples of a skewed distribution many times and count how
+    often x[lo] <= true p99 <= x[hi]; the interval must hold at least 95% of the time, and the
+    ranks must not be wasteful (a looser interval would cover ~100%)."""
+    from minillm.metrics import percentile_interval
+
+    rng = np.random.default_rng(0)
+    n, q = 1000, 99
+    lo, hi = percentile_interval(n, q)
+    true_p99 = float(np.exp(2.326347874))  # lognormal(0, 1): exp(z_0.99)
+    xs = np.sort(rng.lognormal(0.0, 1.0, size=(4000, n)), axis=1)
+    covered = np.mean((xs[:, lo - 1] <= true_p99) & (true_p99 <= xs[:, hi - 1]))
+    assert 0.95 <= covered < 0.985
+    assert lo < 0.99 * n < hi
+
+
+def test_too_few_samples_cannot_bound_a_p99_from_above():
+    from minillm.metrics import percentile_interval, samples_for_percentile
+
+    need = samples_for_percentile(99)
+    assert need == 368
+    assert percentile_interval(need - 1, 99)[1] is None
+    assert percentile_interval(need, 99)[1] == need  # only the largest sample bounds it
+    assert percentile_interval(40, 99) == (38, None)
+    assert samples_for_percentile(50) < samples_for_percentile(90) < need
+    with pytest.raises(ValueError, match="q=100"):
+        percentile_interval(100, 100)

@@ -16,9 +16,11 @@ from widgets import (
     BlockTableView,
     KVCalculator,
     RooflineExplorer,
+    SLOView,
     TilingView,
     offline,
 )
+from widgets.slo_view import SweepPoint
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +28,20 @@ def trace() -> list:
     work = workload.poisson(40, 20.0, (50, 400), (20, 80), seed=1)
     return simulate("llama-3-8b", "H100-SXM", work, num_kv_blocks=256, block_size=16,
                     max_num_seqs=12).trace
+
+
+def slo_view(trace: list) -> SLOView:
+    """An SLOView over a two-workload sweep simulated at three rates each."""
+    sweeps = {}
+    for name, prompt in (("short", 64), ("long", 1024)):
+        points = []
+        for rate in (10.0, 40.0, 160.0):
+            r = simulate("llama-3.2-1b", "H100-SXM", workload.poisson(60, rate, prompt, 32, seed=2),
+                         max_num_seqs=32, record_block_tables=False)
+            points.append(SweepPoint.of(rate, (o.metrics for o in r.outputs),
+                                        r.summary().duration))
+        sweeps[name] = points
+    return SLOView(sweeps, ttft_ms=200, tpot_ms=20)
 
 
 def frames_of(view) -> tuple[dict, list[dict]]:
@@ -61,7 +77,8 @@ def test_encoding_round_trips() -> None:
     lambda t: KVCalculator("llama-3-8b", context_len=8192, batch=64),
     lambda t: RooflineExplorer("H100-SXM", "llama-3-8b", batch=8),
     lambda t: TilingView(1024, 1024, step=40),
-], ids=["timeline", "block-table", "kv-calculator", "roofline", "tiling"])
+    slo_view,
+], ids=["timeline", "block-table", "kv-calculator", "roofline", "tiling", "slo"])
 def test_every_frame_is_what_python_draws_for_its_state(make, trace) -> None:
     view = make(trace)
     before = view.get_state()
@@ -118,7 +135,8 @@ def test_moving_a_control_shows_pythons_picture_of_that_state(trace, tmp_path: P
     require_browser()
     views = [BatchTimeline(trace, budget=2048),
              BlockTableView(trace, step=3, num_blocks=256, block_size=16),
-             KVCalculator("llama-3-8b", context_len=8192, batch=64), TilingView(1024, 1024)]
+             KVCalculator("llama-3-8b", context_len=8192, batch=64), TilingView(1024, 1024),
+             slo_view(trace)]
     page_of(views, tmp_path / "views.html")
     payloads = [frames_of(v) for v in views]
     with serve_directory(tmp_path) as url, headless_chromium() as browser, \

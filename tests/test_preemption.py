@@ -94,3 +94,29 @@ def test_bad_inputs_name_the_value():
         crossover_context_len("llama-3-8b", "H100-SXM", max_len=-5)
     with pytest.raises(ValueError, match="unknown hardware"):
         preemption_costs("llama-3-8b", "H1000", [16])
+
+
+@pytest.mark.parametrize("model, hw, fit", [
+    ("llama-3-8b", "T4", False),  # 16.1 GB of 16-bit weights on a 16 GB card
+    ("llama-3-8b", "A100-80GB", True),
+    ("llama-3-70b", "H100-SXM", False),  # 141 GB
+    ("llama-3-70b", "GH200", False),  # 141 GB of 144 GB: no room at 0.9 utilisation
+    ("qwen3-0.6b", "T4", True),
+])
+def test_fits_is_weights_plus_one_request_within_the_usable_memory(model, hw, fit) -> None:
+    from minillm.preemption import crossover_summary, fits
+
+    assert fits(model, hw) is fit
+    cell = crossover_summary(model, hw)
+    assert cell.startswith("does not fit") is not fit, cell
+    if fit:
+        assert "every length" in cell or cell.startswith("swap from ")
+
+
+def test_a_crossover_table_row_says_plainly_what_does_not_fit() -> None:
+    from minillm.preemption import crossover_summary
+
+    assert crossover_summary("llama-3-8b", "T4") == "does not fit (16 GB > 14 GB)"
+    assert crossover_summary("llama-3-8b", "H100-SXM") == "swap at every length"
+    cross = crossover_context_len("qwen3-0.6b", "H100-SXM")
+    assert crossover_summary("qwen3-0.6b", "H100-SXM") == f"swap from {cross:,}"

@@ -40,8 +40,8 @@ def prefixes(token_ids: list[int]) -> list[tuple[int, ...]]:
 
 
 class PrefixCacheMachine(RuleBasedStateMachine):
-    @initialize(design=st.sampled_from(["hash", "radix"]), num_blocks=st.integers(3, 12),
-                block_size=st.sampled_from([1, 2, 4]))
+    @initialize(design=st.sampled_from(["hash", "radix", "radix-token"]),
+                num_blocks=st.integers(3, 12), block_size=st.sampled_from([1, 2, 4]))
     def setup(self, design: str, num_blocks: int, block_size: int) -> None:
         self.bm = BlockManager(num_blocks, block_size, True, design)  # type: ignore[arg-type]
         self.P = block_size
@@ -70,13 +70,26 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         """Admission: reuse the cached prefix, allocate and compute one chunk past it."""
         match = self.bm.match_prefix(req.token_ids)
         self.check_match(req.token_ids, match)
-        num_cached = len(match.block_ids) * self.P
+        num_cached = match.num_tokens(self.P)
         num_tokens = min(num_cached + chunk, req.num_tokens)
         free_before = self.bm.num_free_blocks
         if not self.bm.allocate(req, num_tokens, match):
             assert req.block_table == [] and self.bm.num_free_blocks == free_before
+            assert self.bm.take_copies() == []
             return False
         assert req.block_table[:len(match.block_ids)] == match.block_ids
+        copies = self.bm.take_copies()  # made before anything is written, as the engine does
+        if match.partial_block is None:
+            assert copies == []
+        else:  # copy on write into the request's first fresh block
+            assert copies == [(match.partial_block, req.block_table[len(match.block_ids)])]
+            src, dst = copies[0]
+            old = {j: self.shadow.get(src * self.P + j) for j in range(self.P)}
+            for j, value in old.items():
+                if value is None:
+                    self.shadow.pop(dst * self.P + j, None)
+                else:
+                    self.shadow[dst * self.P + j] = value
         req.num_computed_tokens = num_cached
         self.compute(req, num_tokens)
         self.running.append(req)
@@ -87,11 +100,18 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert match.num_queried == (len(token_ids) - 1) // P
         assert len(match.block_ids) <= match.num_queried  # the last token stays uncovered
         assert len(set(match.block_ids)) == len(match.block_ids)
+        assert match.num_tokens(P) <= len(token_ids) - 1
         ids = prefixes(token_ids)
         for i, block_id in enumerate(match.block_ids):
             assert self.bm.is_cached(block_id)
             for j in range(P):  # the K/V really were computed from this prompt's prefix
                 assert self.shadow[block_id * P + j] == ids[i * P + j]
+        if match.partial_block is not None:  # token-granular: the shared start of one more
+            assert self.bm.prefix_caching == "radix-token" and 0 < match.num_partial_tokens < P
+            assert self.bm.is_cached(match.partial_block)
+            first = len(match.block_ids) * P
+            for j in range(match.num_partial_tokens):
+                assert self.shadow[match.partial_block * P + j] == ids[first + j]
 
     # -- rules --
 
@@ -205,7 +225,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         for node in nodes:
             assert node.ref_count == holding[id(node)]
             assert all(self.bm.blocks[b].ref_count == node.ref_count for b in node.block_ids)
-            assert len(node.token_ids) == self.P * len(node.block_ids)
+            if len(node.token_ids) < self.P:  # token-granular: a kept, partly filled block
+                assert radix.token_granular and len(node.block_ids) == 1 and not node.children
+                assert node.ref_count == 0  # only ever copied, never held
+            else:
+                assert len(node.token_ids) == self.P * len(node.block_ids)
             assert radix.is_evictable(node) == (not node.children and node.ref_count == 0)
             if radix.is_evictable(node):
                 assert node.heap_entry in heap_entries  # eviction can find it
@@ -226,7 +250,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             tokens = tuple(t for n in path for t in n.token_ids)
             for i, b in enumerate(node.block_ids):
                 first = (node.start + i) * P
-                for j in range(P):
+                for j in range(min(P, len(tokens) - first)):
                     assert self.shadow[b * P + j] == tokens[:first + j + 1]
 
 

@@ -272,3 +272,59 @@ def test_the_snapshot_lists_parents_first_and_what_each_request_holds() -> None:
     for req in (a, b):
         held = [b for node_id in snap.holders[req.request_id] for b in by_id[node_id].block_ids]
         assert held == req.block_table[:2]
+
+
+# ---- token-granular mode ("radix-token") -------------------------------------------------------
+
+
+def token_manager(num_blocks: int, block_size: int = 4) -> BlockManager:
+    return BlockManager(num_blocks, block_size, enable_prefix_caching=True,
+                        prefix_caching="radix-token")
+
+
+def run(bm: BlockManager, req: Request, num_tokens: int) -> list[tuple[int, int]]:
+    """Admit req, 'compute' it up to num_tokens and return the copies its admission asked for."""
+    match = bm.match_prefix(req.token_ids)
+    assert bm.allocate(req, num_tokens, match)
+    copies = bm.take_copies()
+    req.num_computed_tokens = num_tokens
+    bm.cache_full_blocks(req)
+    return copies
+
+
+def test_a_match_ending_inside_a_block_copies_it_into_a_fresh_block() -> None:
+    bm = token_manager(12)
+    a = make_request([1, 2, 3, 4, 5, 6, 7, 8, 9], "a")
+    run(bm, a, 9)
+    b = make_request([1, 2, 3, 4, 5, 6, 0, 0, 0], "b")  # shares a's first block and 2 more
+    match = bm.match_prefix(b.token_ids)
+    assert match == PrefixMatch([a.block_table[0]], 2, a.block_table[1], 2)
+    copies = run(bm, b, 9)
+    assert copies == [(a.block_table[1], b.block_table[1])] and b.block_table[1] != a.block_table[1]
+    assert bm.blocks[a.block_table[1]].ref_count == 1  # the source stays a's alone
+
+
+def test_blocks_the_step_has_yet_to_write_are_never_copied() -> None:
+    bm = token_manager(12)
+    a = make_request([1, 2, 3, 4, 5, 6, 7, 8, 9], "a")
+    assert bm.allocate(a, 9, bm.match_prefix(a.token_ids))
+    bm.cache_full_blocks(a, 9)  # registered as scheduled: the forward has not run
+    b = make_request([1, 2, 3, 4, 5, 6, 0, 0], "b")
+    match = bm.match_prefix(b.token_ids)
+    assert match.block_ids == [a.block_table[0]] and match.partial_block is None  # no garbage
+    bm.step = 1  # the next step: a's blocks were computed by the last forward
+    assert bm.match_prefix(b.token_ids).partial_block == a.block_table[1]
+
+
+def test_a_finished_requests_partial_block_stays_for_copies_until_covered() -> None:
+    bm = token_manager(12)
+    a = make_request([1, 2, 3, 4, 5, 6], "a")  # one full block and two tokens of the second
+    run(bm, a, 6)
+    bm.free(a)
+    partial = next(n for n in tree(bm).nodes() if len(n.token_ids) < 4)
+    assert partial.token_ids == (5, 6) and bm.num_cached_free_blocks == 2
+    b = make_request([1, 2, 3, 4, 5, 6, 7, 8, 9], "b")
+    assert bm.match_prefix(b.token_ids).num_tokens(4) == 6
+    run(bm, b, 9)  # b fills the block that starts 5, 6: the short leaf is redundant now
+    assert all(len(n.token_ids) % 4 == 0 for n in tree(bm).nodes())
+    assert partial.block_ids[0] not in bm.cached_free_blocks() and bm.num_cached_free_blocks == 0

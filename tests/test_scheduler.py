@@ -25,7 +25,7 @@ from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.request import Request, RequestStatus
 from minillm.sampling import SamplingParams
-from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.scheduler import AdmissionStalled, Scheduler, SchedulerOutput
 from minillm.swap import SwapSpace
 
 pytestmark = pytest.mark.ch05  # Continuous batching; the chunked-prefill examples are ch06 too
@@ -81,6 +81,7 @@ class FakeEngine:
         out = self.scheduler.schedule()
         self.check_step(out, running_before)
         self.copy_swapped(out)
+        self.written: dict[int, str] = {}  # slot -> the request that wrote it this step
         for s in out.scheduled:
             self.run_model(s.request, s.num_computed_tokens, s.num_tokens)
         for s in out.scheduled:
@@ -126,6 +127,7 @@ class FakeEngine:
         if c.scheduling_policy == "priority":
             ranks = [self.scheduler.waiting.rank(r) for r in self.scheduler.running]
             assert ranks == sorted(ranks)
+            check_priority_order(self.scheduler.waiting)
 
     def copy_swapped(self, out: SchedulerOutput) -> None:
         """The copies the engine makes: out to the host pool first, then back in."""
@@ -145,9 +147,13 @@ class FakeEngine:
         for pos in range(start):
             assert self.kv.get(table[pos // P] * P + pos % P) == ids[pos], "stale K/V read"
         for pos in range(start, start + num_tokens):
+            # A block is registered when its step is scheduled, so a later request of the same
+            # step may already share it (it reads what this one writes: the reads above catch a
+            # wrong order); but no two requests may write one slot in one step.
+            slot = table[pos // P] * P + pos % P
+            assert self.written.setdefault(slot, req.request_id) == req.request_id, \
+                "two requests wrote one slot in one step"
             block = self.bm.blocks[table[pos // P]]
-            assert block.ref_count == 1 and not self.bm.is_cached(block.block_id), \
-                "wrote a shared/cached block"
             self.kv[block.block_id * P + pos % P] = ids[pos]
         req.num_computed_tokens = start + num_tokens
 
@@ -272,9 +278,13 @@ def pressure_workloads(draw: st.DrawFn) -> tuple[EngineConfig, int, list[Arrival
     admission policy, with priorities from 0 to 2."""
     config, num_blocks, arrivals = draw(workloads())
     policies = ["fcfs", "priority"] + (["lpm"] if config.enable_prefix_caching else [])
+    policy = draw(st.sampled_from(policies))
     config = dataclasses.replace(
         config, preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
-        scheduling_policy=draw(st.sampled_from(policies)),
+        scheduling_policy=policy,
+        priority_preemption=draw(st.sampled_from(["out_of_blocks", "for_waiting"]))
+        if policy == "priority" else "out_of_blocks",
+        priority_aging_steps=draw(st.sampled_from([1, 3, 1000, None])),
         prefix_caching=draw(st.sampled_from(["hash", "radix"])) if config.enable_prefix_caching
         else "hash")
     arrivals = [dataclasses.replace(a, priority=draw(st.integers(0, 2))) for a in arrivals]
@@ -349,10 +359,19 @@ def test_priority_admits_the_lowest_value_first_ties_by_arrival() -> None:
     assert admission_order(engine) == ["4", "2", "5", "1", "3"]
 
 
+def check_priority_order(queue: waiting_queue.WaitingQueue) -> None:
+    """The queue is in order of (aged rank, arrival) at every step: what a binary-search insert
+    relies on, and what changing the ageing rate under a waiting queue would break."""
+    keys = [queue._priority_key(r) for r in queue]
+    assert keys == sorted(keys), "the priority queue is out of order"
+    ranks = [queue.rank(r) for r in queue]  # the same order, rounded to whole priorities
+    assert ranks == sorted(ranks), "a request waits behind one of a worse aged rank"
+
+
 @pytest.mark.ch09
-def test_an_urgent_arrival_preempts_the_worst_ranked_running_request() -> None:
+def test_an_urgent_arrival_preempts_the_worst_ranked_running_request_under_v0_rule() -> None:
     config = EngineConfig(block_size=2, max_num_seqs=2, max_num_batched_tokens=64,
-                          scheduling_policy="priority")
+                          scheduling_policy="priority", priority_preemption="for_waiting")
     engine = FakeEngine(config, num_blocks=32)
     low = engine.add([1, 2, 3], max_tokens=20, priority=2)
     mid = engine.add([1, 1, 1], max_tokens=20, priority=1)
@@ -366,11 +385,11 @@ def test_an_urgent_arrival_preempts_the_worst_ranked_running_request() -> None:
     assert not out.preempted and tie in engine.scheduler.waiting and out.waiting_cause == "seats"
 
 
-@pytest.mark.ch09
-def test_ageing_lifts_a_long_waiting_request_past_later_urgent_ones(monkeypatch) -> None:
-    monkeypatch.setattr(waiting_queue, "PRIORITY_AGING_STEPS", 4)
+def patient_request_admissions(aging_steps: int | None) -> tuple[list[str], dict[str, int], str]:
+    """One priority-1 request behind an urgent (priority-0) arrival every step, on one seat:
+    the admission order, each urgent request's arrival step, and the patient one's id."""
     config = EngineConfig(block_size=2, max_num_seqs=1, max_num_batched_tokens=64,
-                          scheduling_policy="priority")
+                          scheduling_policy="priority", priority_aging_steps=aging_steps)
     engine = FakeEngine(config, num_blocks=32)
     engine.add([1, 2, 3], max_tokens=3, priority=0)
     patient = engine.add([3, 3, 3], max_tokens=1, priority=1)
@@ -381,11 +400,147 @@ def test_ageing_lifts_a_long_waiting_request_past_later_urgent_ones(monkeypatch)
         for s in engine.step().scheduled:
             if s.request.request_id not in order:
                 order.append(s.request.request_id)
-    assert patient.request_id in order, "ageing must let the patient request in"
-    # One level of priority is worth PRIORITY_AGING_STEPS steps of waiting: the patient request
-    # goes after the urgent ones that arrived less than 4 steps after it, before all the rest.
-    ahead = order[:order.index(patient.request_id)]
-    assert ahead == ["1"] + [r for r, at in urgent_at.items() if at < 4]
+        check_priority_order(engine.scheduler.waiting)
+    return order, urgent_at, patient.request_id
+
+
+@pytest.mark.ch09
+@pytest.mark.parametrize("aging_steps", [4, 7])
+def test_ageing_lifts_a_long_waiting_request_past_later_urgent_ones(aging_steps: int) -> None:
+    order, urgent_at, patient = patient_request_admissions(aging_steps)
+    assert patient in order, "ageing must let the patient request in"
+    # One level of priority is worth priority_aging_steps steps of waiting: the patient request
+    # goes after the urgent ones that arrived less than that many steps after it, before the rest.
+    ahead = order[:order.index(patient)]
+    assert ahead == ["1"] + [r for r, at in urgent_at.items() if at < aging_steps]
+
+
+@pytest.mark.ch09
+def test_without_ageing_the_patient_request_starves() -> None:
+    order, urgent_at, patient = patient_request_admissions(None)
+    assert patient not in order and len(order) > 10, "strict priority: it never gets the seat"
+
+
+@pytest.mark.ch09
+def test_ageing_rate_is_a_config_field_validated_and_read_by_the_queue() -> None:
+    for bad in (0, -5, 2.5, True, "1000"):
+        with pytest.raises(ValueError, match="priority_aging_steps must be a positive"):
+            EngineConfig(scheduling_policy="priority", priority_aging_steps=bad)
+    config = EngineConfig(scheduling_policy="priority", priority_aging_steps=123)
+    scheduler = Scheduler(config, BlockManager(8, 16))
+    assert scheduler.waiting.aging_steps == 123
+    assert not hasattr(waiting_queue, "PRIORITY_AGING_STEPS"), "no module constant to patch"
+
+
+@pytest.mark.ch09
+def test_ageing_never_lets_one_class_take_turns_preempting_itself() -> None:
+    """Found by the random workloads: one seat, two requests of one class, ageing of one step.
+    If the waiting one's aged rank could preempt, each would age past the other while waiting
+    and throw the other's tokens away, forever. Only a better class preempts (V0's test)."""
+    config = EngineConfig(block_size=1, max_num_seqs=1, max_num_batched_tokens=1,
+                          scheduling_policy="priority", priority_preemption="for_waiting",
+                          priority_aging_steps=1)
+    engine = run_workload(config, 4, [Arrival(0, [0], 3), Arrival(0, [0], 3)])
+    assert engine.scheduler.num_preemptions == 0
+
+
+@pytest.mark.ch09
+def test_v1_rule_never_preempts_for_a_waiting_request_it_waits_for_a_seat() -> None:
+    """vLLM V1 (the default): an urgent arrival with no free seat waits; nobody is preempted
+    for it, and it takes the first seat that frees, ahead of the earlier, worse-ranked ones."""
+    config = EngineConfig(block_size=2, max_num_seqs=2, max_num_batched_tokens=64,
+                          scheduling_policy="priority")
+    assert config.priority_preemption == "out_of_blocks"
+    engine = FakeEngine(config, num_blocks=32)
+    low = engine.add([1, 2, 3], max_tokens=20, priority=2)
+    mid = engine.add([1, 1, 1], max_tokens=3, priority=1)
+    engine.step()
+    later_low = engine.add([2, 1, 1], max_tokens=2, priority=2)
+    urgent = engine.add([2, 2, 2], max_tokens=2, priority=0)
+    out = engine.step()
+    assert not out.preempted and out.waiting_cause == "seats"
+    assert {s.request for s in out.scheduled} == {low, mid}
+    while mid not in engine.finished:
+        assert not engine.step().preempted
+    out = engine.step()  # mid's seat is free: the urgent request takes it, not later_low
+    assert urgent in {s.request for s in out.scheduled} and later_low in engine.scheduler.waiting
+    assert engine.scheduler.num_preemptions == 0
+
+
+@pytest.mark.ch09
+@pytest.mark.parametrize("policy, victim", [("priority", "low"), ("fcfs", "urgent")])
+def test_out_of_blocks_the_victim_is_the_worst_ranked_not_the_newest(policy: str, victim: str
+                                                                     ) -> None:
+    """When a running request needs a block and the pool is dry, vLLM V1 preempts the
+    lowest-priority running request (FCFS: the newest), even one admitted first."""
+    config = EngineConfig(block_size=2, max_num_seqs=2, max_num_batched_tokens=64,
+                          scheduling_policy=policy)
+    engine = FakeEngine(config, num_blocks=6)
+    reqs = {"low": engine.add([1, 2, 1], max_tokens=8, priority=1)}
+    engine.step()
+    reqs["urgent"] = engine.add([2, 2, 2], max_tokens=8, priority=0)
+    preempted: list[Request] = []
+    while not preempted:
+        preempted = engine.step().preempted
+    assert preempted == [reqs[victim]]
+
+
+@pytest.mark.ch09
+def test_the_v0_rule_needs_the_priority_policy_and_a_known_name() -> None:
+    with pytest.raises(ValueError, match="needs scheduling_policy='priority'"):
+        EngineConfig(priority_preemption="for_waiting")
+    with pytest.raises(ValueError, match="priority_preemption must be 'out_of_blocks'"):
+        EngineConfig(scheduling_policy="priority", priority_preemption="v0")
+
+
+def run_resumptions(prefix_caching: bool) -> tuple[int, int, FakeEngine]:
+    """Two requests that cannot both finish in 10 blocks: (tokens thrown away by recompute
+    preemptions, of those the ones the victims found cached when they resumed, the engine)."""
+    config = EngineConfig(block_size=2, max_num_seqs=2, max_num_batched_tokens=64,
+                          enable_prefix_caching=prefix_caching)
+    engine = FakeEngine(config, num_blocks=10)
+    engine.add([1, 2, 1, 2, 1], max_tokens=8)
+    engine.add([2, 2, 2, 1, 1], max_tokens=12)
+    thrown, hit, victims = 0, 0, set()
+    while engine.scheduler.has_unfinished_requests():
+        before = engine.scheduler.num_recomputed_tokens
+        out = engine.step()
+        thrown += engine.scheduler.num_recomputed_tokens - before
+        for s in out.scheduled:  # a victim's first chunk after it resumes: its cache hits
+            if s.request.request_id in victims:
+                hit += s.num_computed_tokens
+                victims.discard(s.request.request_id)
+        victims |= {r.request_id for r in out.preempted}
+    return thrown, hit, engine
+
+
+@pytest.mark.ch09
+def test_with_prefix_caching_a_preempted_request_recomputes_mostly_from_the_cache() -> None:
+    """vLLM V1 keeps prefix caching on and frees a request's blocks tail first: a victim's
+    freed blocks stay cached, the tail is reused first, so on resumption most of what it had
+    computed is a cache hit and only the tail is computed again."""
+    thrown, hit, engine = run_resumptions(prefix_caching=True)
+    assert engine.scheduler.num_preemptions >= 1 and thrown >= 10
+    # The survivor took one block (the victim's tail) to finish: the other 4 of 5 are hits.
+    assert hit >= 0.75 * thrown, f"only {hit} of {thrown} thrown-away tokens were cache hits"
+    thrown_off, hit_off, _ = run_resumptions(prefix_caching=False)
+    assert hit_off == 0 and thrown_off == thrown
+
+
+@pytest.mark.ch09
+def test_free_releases_the_tail_first_so_the_prefix_is_evicted_last() -> None:
+    bm = BlockManager(6, 2, enable_prefix_caching=True)
+    req = Request("a", [1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(max_tokens=1), 0.0)
+    assert bm.allocate(req, 8)
+    req.num_computed_tokens = 8
+    bm.cache_full_blocks(req)
+    table = list(req.block_table)
+    bm.free(req)
+    assert bm.cached_free_blocks() == table[::-1], "tail first: the first block goes last"
+    other = Request("b", [9] * 4, SamplingParams(max_tokens=1), 0.0)
+    assert bm.allocate(other, 4 + 2 * 2)  # 4 blocks: the 2 never used, then a's last 2
+    assert bm.match_prefix(req.token_ids + [0]).block_ids == table[:2], \
+        "a's prefix survives the eviction of its tail"
 
 
 @pytest.mark.ch09
@@ -608,3 +763,38 @@ def test_preemption_without_chunking_recomputes_past_the_budget_in_pieces() -> N
     assert b.output_token_ids == expected_output([2, 1, 0, 0], 6)
     assert any(s.request is b and s.phase == "prefill" and s.num_computed_tokens > 0
                for out in engine.steps for s in out.scheduled)
+
+
+def batch_seats(limit: int):
+    """An admission policy: requests of priority >= 1 (batch) hold at most `limit` seats."""
+    def policy(req: Request, scheduler: Scheduler) -> bool:
+        return req.priority == 0 or sum(r.priority >= 1 for r in scheduler.running) < limit
+    return policy
+
+
+@pytest.mark.ch09
+def test_an_admission_policy_runs_inside_the_scheduler_and_passes_over_what_it_refuses() -> None:
+    config = EngineConfig(block_size=2, max_num_seqs=3, max_num_batched_tokens=64)
+    engine = FakeEngine(config, num_blocks=64)
+    engine.scheduler.admission_policy = batch_seats(1)
+    jobs = [engine.add([1, 2, 3], max_tokens=10, priority=1) for _ in range(3)]
+    chat = engine.add([2, 2, 2], max_tokens=2, priority=0)
+    out = engine.step()
+    # One batch seat: the second and third jobs are passed over, the chat behind them starts.
+    assert {s.request for s in out.scheduled} == {jobs[0], chat}
+    assert list(engine.scheduler.waiting) == jobs[1:], "the refused keep their place, in order"
+    assert out.waiting_cause == "seats"
+    while engine.scheduler.has_unfinished_requests():
+        engine.step()
+        engine.check_blocks()
+        assert sum(r.priority >= 1 for r in engine.scheduler.running) <= 1
+    assert [r.output_token_ids for r in jobs] == [expected_output([1, 2, 3], 10)] * 3
+
+
+@pytest.mark.ch09
+def test_an_admission_policy_that_refuses_an_idle_server_is_named() -> None:
+    engine = FakeEngine(EngineConfig(block_size=2, max_num_seqs=2), num_blocks=16)
+    engine.scheduler.admission_policy = lambda req, scheduler: False
+    engine.add([1, 2, 3], max_tokens=2)
+    with pytest.raises(AdmissionStalled, match="refused all 1 waiting requests while none runs"):
+        engine.scheduler.schedule()

@@ -19,7 +19,7 @@ from site_support import CHAPTERS, SITE, chromium, require_site, served_site  # 
 from widgets import offline
 
 TRACE_VIEWS = ("BatchTimeline", "BlockTableView", "PrefixCacheView", "TilingView")  # step sliders
-CALCULATORS = ("RooflineExplorer", "KVCalculator")
+CALCULATORS = ("RooflineExplorer", "KVCalculator", "SLOView")
 PAGE_BUDGET = 2_500_000  # bytes the views of one chapter page may add (see view_bytes)
 
 require_site()

@@ -18,6 +18,7 @@ interactive anywidget (sliders, dropdowns) for JupyterLab.
 | ``roofline.py`` | ``RooflineExplorer``: the roofline with prefill and decode points |
 | ``kv_calculator.py`` | ``KVCalculator``: KV bytes and concurrent sequences per GPU |
 | ``tiling.py`` | ``TilingView``: attention's score tiles, in the order the tiled loop visits them |
+| ``slo_view.py`` | ``SLOView``: goodput and the knee of a stored rate sweep, under the SLO set |
 """
 
 from widgets.base import View, ViewWidget
@@ -25,8 +26,9 @@ from widgets.block_table import BlockTableView
 from widgets.kv_calculator import KVCalculator
 from widgets.prefix_cache import PrefixCacheView
 from widgets.roofline import RooflineExplorer
+from widgets.slo_view import SLOView
 from widgets.tiling import TilingView
 from widgets.timeline import BatchTimeline
 
 __all__ = ["View", "ViewWidget", "BlockTableView", "PrefixCacheView", "BatchTimeline",
-           "RooflineExplorer", "KVCalculator", "TilingView"]
+           "RooflineExplorer", "KVCalculator", "TilingView", "SLOView"]

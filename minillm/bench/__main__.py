@@ -1,5 +1,5 @@
-"""python -m minillm.bench engine | serve | simulate | kernels | gpu | prefix | preempt | spec |
-quant | chapters: side-by-side figures, and the chapters run outside Jupyter."""
+"""python -m minillm.bench engine | host | serve | simulate | kernels | gpu | prefix | preempt |
+spec | quant | chapters: side-by-side figures, and the chapters run outside Jupyter."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from minillm.bench import (
     chapters,
     engine,
     gpu,
+    host,
     kernels,
     preempt,
     prefix,
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minillm.bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     engine.add_arguments(sub.add_parser("engine", help=engine.__doc__.splitlines()[0]))
+    host.add_arguments(sub.add_parser("host", help=host.__doc__.splitlines()[0]))
     kernels.add_arguments(sub.add_parser("kernels", help=kernels.__doc__.splitlines()[0]))
     gpu.add_arguments(sub.add_parser("gpu", help=gpu.__doc__.splitlines()[0]))
     serve.add_arguments(sub.add_parser("serve", help=serve.__doc__.splitlines()[0]))
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     machine.settle_threads()
     if args.command == "engine":
         engine.main(args)
+        return 0
+    if args.command == "host":
+        host.main(args)
         return 0
     if args.command == "serve":
         return serve.main(args)

@@ -30,7 +30,7 @@ from minillm.bench.engine import Ratio, interleaved_rounds, timed
 from minillm.llm import LLM, default_model_path
 from minillm.metrics import percentile
 from minillm.model_config import ModelConfig
-from minillm.preemption import crossover_context_len, preemption_costs
+from minillm.preemption import crossover_context_len, fits, preemption_costs
 from minillm.sampling import SamplingParams
 
 RUNS = ("ample", "recompute", "swap")
@@ -38,7 +38,8 @@ TIMED = ("itl_p99", "tok_s", "tok_s_cpu")  # the figures a clock gives, medians 
 # Modelled pairs: GQA at 7-8B, a small model with wide K/V on PCIe 5 and on NVLink-C2C, and
 # Llama-3-8B's shape with full multi-head attention (32 KV heads).
 LLAMA_MHA = dataclasses.replace(models.get("llama-3-8b"), num_key_value_heads=32)
-MODELLED = (("llama-3-8b", "llama-3-8b", "H100-SXM"), ("llama-3-8b", "llama-3-8b", "T4"),
+# Each pair fits one GPU (preemption.fits): Llama-3-8B's 16 GB of weights would not on a T4.
+MODELLED = (("llama-3-8b", "llama-3-8b", "H100-SXM"), ("qwen3-0.6b", "qwen3-0.6b", "T4"),
             ("llama-3-8b MHA", LLAMA_MHA, "H100-SXM"), ("qwen3-0.6b", "qwen3-0.6b", "H100-SXM"),
             ("qwen3-0.6b", "qwen3-0.6b", "GH200"))
 
@@ -157,6 +158,7 @@ def modelled_crossovers(context_len: int = 4096) -> None:
     print(f"{'model':<16}{'hardware':<10}{'recompute ms':>14}{'swap ms':>10}{'cheaper':>11}"
           f"   crossover (swap wins from)")
     for label, model, hw in MODELLED:
+        assert fits(model, hw, context_len), f"{label} does not fit one {hw}: nothing to preempt"
         cost = preemption_costs(model, hw, [context_len])[0]
         cross = crossover_context_len(model, hw, max_len=131072)
         where = (f"{cross} tokens" if cross is not None else

@@ -44,17 +44,25 @@ def caching_llm(path: Path, design: str | None, **engine: object) -> LLM:
     return LLM(path, device="cpu", enable_prefix_caching=True, prefix_caching=design, **engine)
 
 
+def prefill_tokens_since(llm: LLM, first_step: int) -> int:
+    """Prompt tokens the engine computed in its steps from first_step on, read from the step
+    trace (what each step's forward ran), not derived from the cache's own hit counter."""
+    return sum(e.num_tokens for rec in llm.trace if rec.step >= first_step
+               for e in rec.scheduled if e.phase == "prefill")
+
+
 def ttft_contender(llm: LLM, prompts: list[list[int]], output_len: int
                    ) -> Callable[[], dict[str, float]]:
-    """Serves the prompts one at a time; returns the median TTFT (s) and the prefill tokens."""
+    """Serves the prompts one at a time; returns the median TTFT (s), the prefill tokens the
+    steps computed (from the trace) and the prompt tokens the cache reported as hits."""
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
 
     def serve() -> dict[str, float]:
-        before = llm.stats()
+        before, first_step = llm.stats(), llm.engine.num_steps
         ttfts = [llm.generate([p], params, use_tqdm=False)[0].metrics.ttft for p in prompts]
-        after = llm.stats()
-        hit = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
-        return {"ttft": statistics.median(ttfts), "prefill": sum(map(len, prompts)) - hit}
+        hit = llm.stats()["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
+        return {"ttft": statistics.median(ttfts), "prefill": prefill_tokens_since(llm, first_step),
+                "hit": hit}
 
     return serve
 

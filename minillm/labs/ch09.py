@@ -1,4 +1,5 @@
-"""Graded exercise of chapter 09 (scheduling under pressure): diagnose a sick deployment.
+"""Graded exercises of chapter 09 (scheduling under pressure): diagnose a sick deployment, and
+a seat share that runs inside the real scheduler.
 
 09.1 hands the reader's diagnose(deployment) -> cause the mystery deployments of fixed seeds
 (minillm.diagnosis: simulated, modelled on H100-SXM and H200 GPUs), two of each cause in
@@ -6,6 +7,14 @@ minillm.diagnosis.CAUSES, and asks for at least MIN_RIGHT of them right with eve
 recognised at least once (so mistaking one cause for another throughout fails). A wrong answer is
 answered with a hint naming the metric that tells the two causes apart; the common confusions
 have their own.
+
+09.4 installs the reader's seat_share(request, scheduler) -> bool as the engine's
+Scheduler.admission_policy and serves SHARE_WORKLOAD in the simulator (the engine's own
+scheduler, FCFS, Llama-3-8B on an H100-SXM; modelled): a backlog of batch jobs (priority 1)
+that would take every seat, and a chat stream (priority 0) arriving while it drains. It passes
+when the chats' p99 TTFT is within CHAT_TTFT_SLO and the jobs finish no later than
+JOB_SLOWDOWN_MAX times the run without any rule: interactive users protected, the batch class
+not starved.
 """
 
 from __future__ import annotations
@@ -124,10 +133,90 @@ def grade_diagnose(diagnose: Any) -> str:
             "the SLO)")
 
 
+# 09.4: 128 jobs of 1,024 + 512 tokens at t = 0, 48 chats (64-512 in, 32-256 out) at 4/s, on 64
+# seats. Without a rule the jobs hold every seat and the chats' p99 TTFT is ~9 s (modelled).
+SHARE_SEATS = 64
+CHAT_TTFT_SLO = 1.0  # seconds, p99 over the chats
+# The jobs may finish this much later than without a rule: a share that leaves the chats the
+# seats they keep busy (4/s x ~1.5 s each) costs the jobs ~1.2x; a starving share costs 1.5-2.5x.
+JOB_SLOWDOWN_MAX = 1.3
+
+
+def share_workload() -> list[Any]:
+    from minillm import workload
+
+    jobs = [workload.RequestSpec(0.0, 1024, 512, seed=i, priority=1) for i in range(128)]
+    chats = [workload.RequestSpec(s.arrival_time, s.prompt_len, s.output_len, seed=1000 + i,
+                                  priority=0)
+             for i, s in enumerate(workload.poisson(48, 4.0, (64, 512), (32, 256), seed=1))]
+    return jobs + chats
+
+
+def serve_with_policy(policy: Any) -> tuple[float, float, int]:
+    """(chats' p99 TTFT, seconds until the last job finished, preemptions) of share_workload
+    served FCFS on SHARE_SEATS seats with policy as the scheduler's admission_policy."""
+    from minillm.metrics import percentile
+    from minillm.simulator import simulate
+
+    specs = share_workload()
+    run = simulate("llama-3-8b", "H100-SXM", specs, max_num_seqs=SHARE_SEATS,
+                   record_block_tables=False, admission_policy=policy)
+    chat_ttft = [o.metrics.ttft for s, o in zip(specs, run.outputs) if s.priority == 0]
+    jobs_done = max(o.metrics.finished_time for s, o in zip(specs, run.outputs) if s.priority)
+    return percentile(chat_ttft, 99), jobs_done, run.stats["num_preemptions"]
+
+
+@functools.cache
+def unprotected_run() -> tuple[float, float, int]:
+    """The same traffic with no rule: every seat goes to whoever is first in line."""
+    return serve_with_policy(None)
+
+
+def grade_seat_share(seat_share: Any) -> str:
+    from minillm.scheduler import AdmissionStalled
+
+    expect_callable(seat_share, "seat_share(request, scheduler) -> bool")
+
+    def checked(request: Any, scheduler: Any) -> bool:
+        answer = seat_share(request, scheduler)
+        assert isinstance(answer, bool), (
+            f"seat_share returned {answer!r:.40} for a priority-{request.priority} request; "
+            "return True (it may take a seat now) or False (it waits)")
+        return answer
+
+    try:
+        chat_p99, jobs_done, _ = serve_with_policy(checked)
+    except AdmissionStalled as err:  # the scheduler's guard: an idle server refusing everyone
+        raise AssertionError(
+            f"the scheduler stopped: {err}. A rule must let a job in when no chat needs the seat; "
+            "count the seats the batch class holds (scheduler.running) against a cap") from None
+    base_p99, base_done, _ = unprotected_run()
+    assert chat_p99 <= CHAT_TTFT_SLO, (
+        f"the chats' p99 TTFT is {chat_p99:.2f} s (modelled; without any rule {base_p99:.1f} s), "
+        f"over the {CHAT_TTFT_SLO:g} s SLO: the jobs still take the seats the chats need. Keep "
+        "enough seats free of jobs for the chats in flight at once (Little's law: 4 chats/s "
+        "times the seconds a chat runs)")
+    assert jobs_done <= JOB_SLOWDOWN_MAX * base_done, (
+        f"the chats are fast (p99 {chat_p99:.2f} s) but the jobs finished at {jobs_done:.1f} s "
+        f"against {base_done:.1f} s without a rule, over {JOB_SLOWDOWN_MAX:g}x: the batch class "
+        "is held to too few seats. Give it every seat the chats do not need")
+    return (f"chats' p99 TTFT {chat_p99:.2f} s (was {base_p99:.1f} s without a rule), jobs done "
+            f"at {jobs_done:.1f} s against {base_done:.1f} s (modelled, H100-SXM). A seat share "
+            "bounds the interactive class's wait by its own load, and the batch class keeps a "
+            "throughput floor, with no preemption and no step count to tune")
+
+
 EXERCISES = [
     Exercise("09.1", "Diagnose a sick deployment",
              "Write diagnose(deployment) -> the cause of its trouble, one of "
              "minillm.diagnosis.CAUSES, from what an operator sees: request metrics, the step "
              "trace, stats(), the prompts, the GPU's peaks and the SLO.",
              grade_diagnose),
+    Exercise("09.4", "A seat share inside the scheduler",
+             "Write seat_share(request, scheduler) -> bool, the engine's admission policy: "
+             "whether a waiting request may take a seat now. It runs inside the real scheduler "
+             "(FCFS, 64 seats) on a backlog of batch jobs (priority 1) and a chat stream "
+             f"(priority 0): the chats' p99 TTFT must stay within {CHAT_TTFT_SLO:g} s and the "
+             f"jobs must finish within {JOB_SLOWDOWN_MAX:g}x of the run without a rule.",
+             grade_seat_share),
 ]
