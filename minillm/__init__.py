@@ -39,6 +39,7 @@ Module map (one concept each):
     prefix_workload.py  shared-prefix and multi-turn workloads with explicit token ids, and
                      the ceiling an ideal prefix cache reaches on them
     serving.py       replay a workload in real time (in-process, no HTTP)
+    server_process.py  minillm serve in a process of its own: ServerProcess (start-up timed)
     serving_result.py  a serving run's report: per-request records, vLLM's figures and JSON
     serve/           minillm serve (OpenAI-compatible HTTP server) and the benchmark client
     simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
@@ -69,7 +70,7 @@ Module map (one concept each):
     train/           the training script of the shipped tiny model (python -m minillm.train)
     cli.py           the `minillm` console script: minillm serve ..., minillm bench ...
     bench/           python -m minillm.bench engine|serve|simulate|prefix|preempt|spec|quant|
-                     kernels|gpu|tiles|chapters: side-by-side ratios; gpu_checks.py: the GPU
+                     host|kernels|gpu|tiles|chapters: side-by-side ratios; gpu_checks.py: the GPU
                      tests and a chapter for `bench gpu`
 """
 

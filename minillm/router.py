@@ -34,7 +34,8 @@ class ReplicaView:
     index: the replica's position in the fleet. load: requests queued plus running.
     num_free_blocks: KV blocks nobody holds; num_empty_blocks: those that cache nothing either.
     cached_prefix_len(request): tokens at the start of the request whose K/V the replica's
-    prefix cache holds, in whole blocks (BlockManager.match_prefix, which changes nothing).
+    prefix cache holds, in whole blocks but under "radix-token" (BlockManager.match_prefix, which
+    changes nothing).
 
     index and load are what a real router knows (it counts the requests it has in flight to
     each replica). The blocks and cached_prefix_len are the replica's true state as it will
@@ -72,7 +73,7 @@ class ReplicaView:
         ids = (request.token_ids(self._sim.model.vocab_size)
                if isinstance(request, RequestSpec) else request)
         bm = self._sim.block_manager
-        return len(bm.match_prefix(ids).block_ids) * bm.block_size
+        return bm.match_prefix(ids).num_tokens(bm.block_size)
 
     def __repr__(self) -> str:
         return f"ReplicaView({self.index}, load={self.load}, free blocks={self.num_free_blocks})"

@@ -150,7 +150,8 @@ class WaitingQueue(deque):
         def longest_match_first(req: Request) -> tuple[int, ...]:
             if self._overtaken.get(req, 0) >= LPM_MAX_OVERTAKES:
                 return (1, arrival[req])
-            return (2, -len(self.match_prefix(req.token_ids).block_ids), arrival[req])
+            match = self.match_prefix(req.token_ids)  # radix-token: a partial block counts too
+            return (2, -len(match.block_ids), -match.num_partial_tokens, arrival[req])
 
         self._sort(longest_match_first)
         self._in_arrival_order = False

@@ -3,8 +3,9 @@
 Engine flags use vLLM's names, so a vLLM launch line carries over: --max-num-seqs,
 --max-num-batched-tokens, --enable-prefix-caching, --block-size, --max-model-len, ...
 --scheduling-policy takes vLLM's fcfs or priority (a request's `priority` field, lower first) or
-SGLang's lpm; --prefix-caching picks vLLM's hash chain or SGLang's radix tree; --preemption-mode
-recompute or swap (to --swap-space GiB of host memory) says what preemption does to the KV.
+SGLang's lpm; --prefix-caching picks vLLM's hash chain or SGLang's radix tree (radix-token:
+matched token by token); --preemption-mode recompute or swap (to --swap-space GiB of host
+memory) says what preemption does to the KV.
 
 Safety: the server binds 127.0.0.1 and answers only to loopback Host names unless told
 otherwise. --api-key (or MINILLM_API_KEY) makes every route but /health and /metrics require
@@ -55,9 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=False)
-    parser.add_argument("--prefix-caching", choices=["hash", "radix"], default="hash",
-                        help="how the prefix cache finds blocks: vLLM's chain of block hashes "
-                             "or SGLang's radix tree (with --enable-prefix-caching)")
+    parser.add_argument("--prefix-caching", choices=["hash", "radix", "radix-token"],
+                        default="hash",
+                        help="how the prefix cache finds blocks: vLLM's chain of block hashes, "
+                             "SGLang's radix tree, or the tree matched token by token (a partly "
+                             "shared block is copied); with --enable-prefix-caching")
     parser.add_argument("--scheduling-policy", choices=["fcfs", "priority", "lpm"],
                         default="fcfs",
                         help="admission order: arrival, each request's priority (lower first), "
