@@ -56,6 +56,7 @@ Module map (one concept each):
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     autoscale.py     what a fleet scales on: GPU busy time, queue depth, SLO attainment; the
                      replica count each rule settles on, and /metrics parsing
+    dashboard.py     a run as an operator reads it: p99s, goodput, preemptions/min, KV usage
     failure_modes.py the guide's failure-modes table reproduced in the simulator: reproduce_all()
     diagnosis.py     seeded mystery deployments for the diagnosis lab: mystery_deployment()
     quant/           weight-only int8 (per-channel scales; a Triton GEMM on CUDA): quantization=;

@@ -7,7 +7,7 @@ out a Deployment: the request metrics, the step trace, the prompts' token ids, t
 of stats() that an operator has, the GPU's peak numbers and the latency SLO the service is
 meant to meet. It does not hand out the EngineConfig: the knob that names the cause is what
 the reader has to find; Deployment.dashboard() reads it as chapter 09's failure-modes table
-does (minillm.failure_modes.Dashboard). mystery_deployments(student, n) derives the seeds from
+does (minillm.dashboard.Dashboard). mystery_deployments(student, n) derives the seeds from
 a name, so each student gets their own set, every cause among them.
 
 The cause is kept on the Deployment in a private field for the grader (minillm.labs.ch09) and
@@ -25,7 +25,7 @@ from functools import cached_property
 from typing import Any
 
 from minillm import models, roofline
-from minillm.failure_modes import Dashboard, dashboard_of
+from minillm.dashboard import Dashboard, dashboard_of
 from minillm.metrics import RequestMetrics, Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.prefix_workload import shared_prefix
@@ -77,7 +77,7 @@ class Deployment:
         return summarize(self.metrics, self.slo)
 
     def dashboard(self) -> Dashboard:
-        """The deployment as its dashboards show it (minillm.failure_modes.Dashboard, modelled):
+        """The deployment as its dashboards show it (minillm.dashboard.Dashboard, modelled):
         p99s, goodput under self.slo, preemptions per minute, KV usage, requests running and
         waiting, GPU-Util and the DCGM counters. The prefix-cache hit rate reads nan: its
         counters are not among VISIBLE_STATS."""
