@@ -278,16 +278,21 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
                        layout: ParallelConfig, dtype_bytes: float = 2, overhead: float = 0.0,
                        overhead_per_token: float = 0.0, overhead_per_seq: float = 0.0,
                        overhead_per_pair: float = 0.0, *, kv_dtype_bytes: float | None = None,
-                       activation_bytes: float | None = None) -> ParallelStepCost:
+                       activation_bytes: float | None = None,
+                       matmul_speedup: float = 1.0) -> ParallelStepCost:
     """The cost of one step (entries as roofline.step_flops_bytes: (new tokens, context) per
     request) on a layout. Each stage: its layers' FLOPs and weight and K/V bytes per GPU on the
     roofline, 2 all-reduces a layer of tokens x hidden x activation_bytes on layout.tensor_link
     (and the logits of the sampled rows gathered from the vocab shards on the last stage), then
     tokens x hidden x activation_bytes sent to the next stage. activation_bytes: None is
-    max(dtype_bytes, 2) (int8 / fp8 weights still compute in bf16). The overheads (as in
+    max(dtype_bytes, 2) (int8 / fp8 weights still compute in bf16). matmul_speedup: the weight
+    matmuls' peak over hw.flops (2 for FP8 W8A8 on FP8 tensor cores; minillm.quant.schemes);
+    attention and the output head stay at hw.flops. The overheads (as in
     roofline.step_time) are added once a step. At t = p = 1 the FLOPs, bytes and time are
     roofline.step_time's."""
     c, device = as_config(model), get_hardware(hw)
+    if not 0 < matmul_speedup < math.inf:
+        raise ValueError(f"matmul_speedup must be a positive number, got {matmul_speedup!r}")
     shapes = _shapes(c, layout)
     kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     act = max(dtype_bytes, 2) if activation_bytes is None else activation_bytes
@@ -304,15 +309,16 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
     layer_reduce = all_reduce_time(tokens * c.hidden_size * act, tp, layout.tensor_link(device))
     stages = []
     for stage, s in enumerate(shapes):
-        flops = (2 * s.matmul_params * tokens + 2 * s.head_params * rows
-                 + s.attn_flops_per_pair * pairs)
+        matmul_flops = 2 * s.matmul_params * tokens
+        flops = matmul_flops + 2 * s.head_params * rows + s.attn_flops_per_pair * pairs
+        compute = (flops - matmul_flops * (1 - 1 / matmul_speedup)) / device.flops
         moved = s.read_params * dtype_bytes + s.kv_elems_per_token * kv_tokens * kv_bytes
         reduce = 2 * s.layers * layer_reduce
         if s.head_params and tp > 1:  # vLLM's LogitsProcessor gathers the vocab shards
             reduce += gather_time(rows * c.vocab_size * act, tp, layout.tensor_link(device))
         send = (send_time(tokens * c.hidden_size * act, layout.boundary_link(device, stage))
                 if stage < pp - 1 else 0.0)
-        stages.append(StageCost(s.layers, flops, moved, flops / device.flops,
+        stages.append(StageCost(s.layers, flops, moved, compute,
                                 moved / device.bandwidth, reduce, send))
     extra = (overhead + overhead_per_token * tokens + overhead_per_seq * rows
              + overhead_per_pair * pairs)
