@@ -52,7 +52,8 @@ Module map (one concept each):
                      modelled run: run_deployment() -> goodput, SLO attainment, $/1M tokens
     recipe.py        recommend(): the starting-config recipe as code (TP, max_num_seqs, the
                      chunk size, then a goodput search in the simulator) and its reasoning
-    capstone.py      chapter 11's capstone scenarios, evaluate() and the recipe's reference
+    capstone.py      chapter 11's capstone: worked briefs, each student's seeded brief
+                     (student_scenario), evaluate() and the recipe's bar
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
     autoscale.py     what a fleet scales on: GPU busy time, queue depth, SLO attainment; the
                      replica count each rule settles on, and /metrics parsing

@@ -15,18 +15,23 @@ target is within a tolerance of 1 (10% by default). What an LLM fleet can feed i
 A Rule accepts or refuses one replica's Signals. Behind an even router every one of N replicas
 sees demand / N, so the count a rule settles on, the fixed point its HPA loop converges to, is
 ceil(demand / r*) with r* the highest per-replica rate it accepts on a sweep of one replica
-(replicas_for). The Prometheus helpers read the same signals from a live server's /metrics.
+(replicas_for). slo_replicas is the last step of the chapter 11 recipe: that count for a
+recommended engine, from a sweep of its simulated runs. The Prometheus helpers read the same
+signals from a live server's /metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from minillm.metrics import meets_slo
 from minillm.trace import StepRecord
+from minillm.workload import RequestSpec, Workload
 
 HPA_TOLERANCE = 0.1  # Kubernetes' default: no change while value / target is within 1 +- 0.1
 SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+"
@@ -151,6 +156,44 @@ def replicas_for(rule: Rule, sweep: Sequence[Signals], demand: float) -> int:
         raise ValueError(f"{rule.name} refuses even the sweep's lowest rate ({lowest:g}/s): "
                          "extend the sweep to lower rates")
     return max(math.ceil(demand / rate - 1e-9), 1)
+
+
+def at_rate(workload: Sequence[RequestSpec], rate: float) -> Workload:
+    """workload's requests with their arrival times stretched so they arrive at rate
+    requests/s on average: the same lengths and the same pattern, faster or slower."""
+    if not rate > 0:
+        raise ValueError(f"rate must be positive requests/s, got {rate!r}")
+    span = max(s.arrival_time for s in workload) - min(s.arrival_time for s in workload)
+    if not span > 0:
+        raise ValueError("the workload's requests all arrive at once: give an open-loop one "
+                         "(minillm.workload.poisson)")
+    scale = (len(workload) - 1) / span / rate
+    return Workload([dataclasses.replace(s, arrival_time=s.arrival_time * scale)
+                     for s in workload], rate=rate)
+
+
+def slo_replicas(model: Any, hw: Any, workload: Sequence[RequestSpec], slo: dict[str, float],
+                 deployment: Any, demand: float, *, target: float = 0.9,
+                 rates: Sequence[float] | None = None, sim_requests: int = 300
+                 ) -> tuple[int, list[Signals]]:
+    """The replicas goodput_rule(target) settles on for demand requests/s, for the engine of
+    deployment (minillm.deployment.Deployment; its replicas is ignored): one engine is
+    simulated on sim_requests of workload's requests at each of rates (requests/s per
+    engine; default 0.5x to 1.5x of demand / deployment.replicas, in quarter steps), and
+    replicas_for reads the sweep. Returns the count and the sweep's Signals."""
+    from minillm.deployment import run_deployment  # it builds on the simulator, this does not
+
+    one = dataclasses.replace(deployment, replicas=1)
+    base = demand / deployment.replicas
+    rates = [base * f for f in (0.5, 0.75, 1.0, 1.25, 1.5)] if rates is None else list(rates)
+    specs = list(workload)[:sim_requests]
+    sweep = []
+    for rate in rates:
+        run = run_deployment(model, hw, at_rate(specs, rate), slo, one,
+                             sim_requests=sim_requests)
+        sweep.append(simulated_signals(rate, run.result.trace,
+                                       [o.metrics for o in run.result.outputs], slo))
+    return replicas_for(goodput_rule(target), sweep, demand), sweep
 
 
 def hpa_replicas(current: int, value: float, target: float,

@@ -8,29 +8,31 @@ minillm.simulator.Simulator (the engine's Scheduler and BlockManager, timed by t
 and every replica runs on one virtual clock, as in minillm.fleet:
 
 1. A request arrives and goes to a prefill replica (round robin), which runs its prompt with
-   max_tokens=1: the first token is sampled there, so TTFT ends there, queueing included.
+   max_tokens=1, as vLLM's disaggregated proxy asks its prefill instance to.
 2. Its prompt's K/V (prompt_len * kv_bytes_per_token bytes) crosses the link: latency +
    bytes / bandwidth. Transfers out of one prefill replica go one at a time (one NIC per GPU,
    as on a DGX), those of different replicas in parallel. The prefill replica frees its blocks
    when the first token is out (optimistic: a real one holds them until the copy is done).
 3. When it lands, a decode replica (round robin) takes it: its blocks are allocated at once
    (the K/V occupy that pool from then on; if they do not fit, the request waits for blocks),
-   and it is queued there with prompt + first token as its known tokens, the prompt's K/V
-   counted as computed, like an external prefix-cache hit in vLLM's KV connector. Only whole
-   blocks are handed over, as the prefix cache does: the last, partial block's tokens (fewer
-   than block_size) are recomputed with the first token's, in the decode replica's first step.
-4. The decode replica generates the remaining output_len - 1 tokens.
+   and it is queued there, the prompt's K/V counted as computed, like an external prefix-cache
+   hit in vLLM's KV connector. Only whole blocks are handed over, as the prefix cache does: the
+   last, partial block's tokens (fewer than block_size, at least one) are recomputed in the
+   decode replica's first step.
+4. Where the client's first token comes from is first_token_from: "decode" (the default, as
+   vLLM's proxy does it: benchmarks/disagg_benchmarks/disagg_prefill_proxy_server.py, main
+   branch at commit 03b32f5): the proxy waits for the prefill instance's response, discards
+   its token and streams every token from the decode instance, so TTFT = prefill (queueing
+   included) + the transfer + the decode replica's queue and first step; the decode replica
+   generates all output_len tokens. "prefill": a router that streams the prefill instance's
+   token at once; TTFT ends on the prefill pool, the transfer lands between the first and
+   second token (ITL, TPOT), and the decode replica generates the other output_len - 1.
 
-A request's metrics join the two halves: arrival and first token from the prefill replica,
-the later tokens from the decode replica, so the transfer shows in the gap between the first
-and second token (ITL, TPOT) and in E2E.
-
-Where the model is optimistic: the prefill replica's blocks are free before the copy ends;
-the link carries nothing else; a client is sent the first token by the prefill replica (vLLM's
-example proxy streams only from the decode instance, which adds the transfer and a decode step
-to TTFT). Where it is pessimistic: the copy starts after the whole prefill, where DistServe and
-Mooncake stream it layer by layer during the prefill and hide most of it. Routing is round
-robin in both pools, as simulate_fleet's default is for the colocated baseline.
+Where the model is optimistic: the prefill replica's blocks are free before the copy ends; the
+link carries nothing else. Where it is pessimistic: the copy starts after the whole prefill,
+where DistServe and Mooncake stream it layer by layer during the prefill and hide most of it.
+Routing is round robin in both pools, as simulate_fleet's default is for the colocated
+baseline.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minillm import models, parallel, roofline, sizing
+from minillm import models, parallel, recipe, roofline, sizing
 from minillm.config import EngineConfig
 from minillm.fleet import FleetResult, simulate_fleet
 from minillm.hardware import LINKS, Link
@@ -57,7 +59,9 @@ from minillm.simulator import Simulator, StepTimer
 from minillm.workload import RequestSpec, Workload
 
 __all__ = ["Comparison", "DisaggregatedResult", "KVTransfer", "compare_disaggregation",
-           "simulate_disaggregated"]
+           "simulate_disaggregated", "tuned_colocated_kwargs"]
+
+FIRST_TOKEN_FROM = ("decode", "prefill")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,8 @@ class KVTransfer:
 @dataclass(frozen=True)
 class DisaggregatedResult:
     """A disaggregated run: outputs in workload order (joined metrics), the transfers (None for
-    a request with output_len 1, which ends on the prefill side), each pool's GPUs, replica
+    a request with output_len 1 under first_token_from="prefill", which ends on the prefill
+    side), where the first token came from, each pool's GPUs, replica
     layout, config and per-replica counters; kv_link as given (one lane of it); times on the
     virtual clock (s), wall_time on this machine (s)."""
 
@@ -97,6 +102,7 @@ class DisaggregatedResult:
     model: ModelConfig
     hardware: roofline.Hardware
     wall_time: float
+    first_token_from: str = "decode"
 
     @property
     def num_gpus(self) -> int:
@@ -139,7 +145,9 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
                            decode_kwargs: dict[str, Any] | None = None, dtype_bytes: int = 2,
                            kv_dtype_bytes: float | None = None,
                            gpu_memory_utilization: float = 0.9,
-                           step_time: StepTimer = roofline.step_time) -> DisaggregatedResult:
+                           step_time: StepTimer = roofline.step_time,
+                           first_token_from: str = "decode",
+                           interference: float = 0.0) -> DisaggregatedResult:
     """Serve workload on prefill_gpus GPUs of prefill replicas and decode_gpus GPUs of decode
     replicas of model on hw, the K/V of each prompt shipped over kv_link (a Link or a LINKS
     name; default: hw's inter_node_link, the pools being on different nodes).
@@ -152,17 +160,27 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
     two replicas has GPUs. The decode pool's prefix cache is off (the K/V it receives are
     matched directly, see the module docstring). dtype_bytes, kv_dtype_bytes (also the bytes
     per K/V number on the link), gpu_memory_utilization and step_time are as in
-    minillm.simulator.simulate. A closed-loop workload keeps workload.concurrency requests in
-    flight, the next sent when one finishes.
+    minillm.simulator.simulate. first_token_from: "decode" (vLLM's proxy: TTFT includes the
+    transfer) or "prefill" (see the module docstring). interference: as in simulate_fleet;
+    neither pool mixes phases, but a decode replica's first step of a request recomputes the
+    tail of its prompt (up to block_size tokens) beside the running decodes. A closed-loop
+    workload keeps
+    workload.concurrency requests in flight, the next sent when one finishes.
     """
     _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
+    if first_token_from not in FIRST_TOKEN_FROM:
+        raise ValueError(f"first_token_from must be one of {FIRST_TOKEN_FROM}, got "
+                         f"{first_token_from!r}: 'decode' streams every token from the decode "
+                         "pool (vLLM's proxy), 'prefill' sends the first one from the prefill "
+                         "pool")
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     link = resolve_link(hardware.inter_node_link if kv_link is None else kv_link)
     decode_kwargs = dict(decode_kwargs or {})
     if decode_kwargs.pop("enable_prefix_caching", False):
         raise ValueError("the decode pool runs without prefix caching (the K/V it receives are "
                          "matched directly); drop enable_prefix_caching from decode_kwargs")
-    common = (mc, hardware, dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time)
+    common = (mc, hardware, dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time,
+              interference)
     prefill, prefill_layout = _pool("prefill", prefill_gpus, Simulator,
                                     dict(prefill_kwargs or {}), *common)
     decode, decode_layout = _pool("decode", decode_gpus, DecodeReplica, decode_kwargs, *common)
@@ -175,7 +193,7 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()
     gc.disable()  # as in simulate: many small objects and no cycles
     try:
-        pools = TwoPools(prefill, decode, wire, per_token)
+        pools = TwoPools(prefill, decode, wire, per_token, first_token_from == "decode")
         outputs = pools.run(workload)
     finally:
         if gc_was_enabled:
@@ -184,13 +202,14 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
                                prefill_layout, decode_layout, prefill[0].config,
                                decode[0].config,
                                [s.stats() for s in prefill], [s.stats() for s in decode], mc,
-                               hardware, wall_time=time.perf_counter() - start)
+                               hardware, wall_time=time.perf_counter() - start,
+                               first_token_from=first_token_from)
 
 
 def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
           model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
-          kv_dtype_bytes: float | None, gpu_memory_utilization: float, step_time: StepTimer
-          ) -> tuple[list[Any], parallel.ParallelConfig]:
+          kv_dtype_bytes: float | None, gpu_memory_utilization: float, step_time: StepTimer,
+          interference: float) -> tuple[list[Any], parallel.ParallelConfig]:
     """gpus // (t x p) replicas of one pool and their TP x PP layout, taken out of kwargs."""
     layout = parallel.ParallelConfig(kwargs.pop("tensor_parallel_size", 1),
                                      kwargs.pop("pipeline_parallel_size", 1)).check(model)
@@ -200,6 +219,8 @@ def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
                          f"pipeline_parallel_size); change one or the other")
     if layout.world_size > 1 and step_time is roofline.step_time:
         step_time = parallel.step_timer(layout)
+    if interference != 0:
+        step_time = roofline.serial_phases(step_time, interference)
     config = resolve_config(model, hw, dtype_bytes, gpu_memory_utilization, kwargs,
                             kv_dtype_bytes, None, layout)
     return [kind(model, hw, config, dtype_bytes, record_block_tables=False,
@@ -212,9 +233,11 @@ class TwoPools:
     events applied when the clock meets them (before a step that starts at the same instant)."""
 
     def __init__(self, prefill: list[Simulator], decode: list[DecodeReplica], link: Link,
-                 kv_bytes_per_token: float):
+                 kv_bytes_per_token: float, stream_from_decode: bool = True):
         self.prefill, self.decode, self.link = prefill, decode, link
         self.kv_bytes_per_token = kv_bytes_per_token
+        # vLLM's proxy: the decode side makes every token the client sees, the first included
+        self.stream_from_decode = stream_from_decode
         self.link_free = [0.0] * len(prefill)  # when each prefill replica's link is next idle
         self.transfers: list[KVTransfer | None] = []
 
@@ -248,7 +271,8 @@ class TwoPools:
                                               now)
                 else:  # a landing: to a decode replica
                     d = next(landings) % len(self.decode)
-                    self.decode[d].land(i, tokens, workload[i].output_len - 1, now)
+                    rest = workload[i].output_len - (0 if self.stream_from_decode else 1)
+                    self.decode[d].land(i, tokens, rest, now)
                     transfer = self.transfers[i]
                     assert transfer is not None
                     self.transfers[i] = dataclasses.replace(transfer, decode_replica=d)
@@ -260,14 +284,16 @@ class TwoPools:
                 if isinstance(sim, DecodeReplica):
                     first_half = halves[i]
                     assert first_half is not None
-                    done[i] = joined(first_half, req)
+                    done[i] = joined(first_half, req, self.stream_from_decode)
                     ended.append(i)
-                elif workload[i].output_len == 1:
+                elif workload[i].output_len == 1 and not self.stream_from_decode:
                     done[i] = RequestOutput.of(req)
                     ended.append(i)
                 else:
                     landing = self.send(i, self.prefill.index(sim), req)
-                    heapq.heappush(events, (landing, next(seq), i, req.token_ids))
+                    # from the decode side the prompt alone lands: its sampled token is discarded
+                    known = req.prompt_token_ids if self.stream_from_decode else req.token_ids
+                    heapq.heappush(events, (landing, next(seq), i, list(known)))
             for _ in ended:
                 if concurrency is not None and issued < n:
                     heapq.heappush(events, (sim.clock, next(seq), issued, None))
@@ -291,28 +317,37 @@ class TwoPools:
         return end
 
 
-def joined(prefill_half: Request, decode_half: Request) -> RequestOutput:
-    """One request's output from its two halves: arrival and first token from the prefill
-    side, the other tokens and the finish from the decode side."""
+def joined(prefill_half: Request, decode_half: Request,
+           stream_from_decode: bool = False) -> RequestOutput:
+    """One request's output from its two halves: arrival (and first scheduling) from the
+    prefill side; the first token from the prefill side, or with stream_from_decode from the
+    decode side like every later token; the finish from the decode side."""
     first, rest = prefill_half.metrics, decode_half.metrics
+    if stream_from_decode:
+        first_token, times = rest.first_token_time, rest.token_times
+        tokens = decode_half.output_token_ids
+    else:
+        first_token, times = first.first_token_time, first.token_times + rest.token_times
+        tokens = prefill_half.output_token_ids + decode_half.output_token_ids
     metrics = RequestMetrics(arrival_time=first.arrival_time,
                              first_scheduled_time=first.first_scheduled_time,
-                             first_token_time=first.first_token_time,
-                             finished_time=rest.finished_time,
-                             token_times=first.token_times + rest.token_times)
+                             first_token_time=first_token, finished_time=rest.finished_time,
+                             token_times=times)
     return RequestOutput(prefill_half.request_id, prefill_half.prompt,
-                         prefill_half.prompt_token_ids, "",
-                         prefill_half.output_token_ids + decode_half.output_token_ids,
+                         prefill_half.prompt_token_ids, "", tokens,
                          decode_half.finish_reason, None, metrics, decode_half.is_finished)
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Disaggregated and colocated serving of one workload on the same number of GPUs."""
+    """Disaggregated and colocated serving of one workload on the same number of GPUs;
+    colocated_kwargs: the EngineConfig keywords the colocated replicas ran with (the tuned
+    max_num_seqs and max_num_batched_tokens among them, unless tune_colocated was off)."""
 
     disaggregated: DisaggregatedResult
     colocated: FleetResult
     slo: dict[str, float]
+    colocated_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def goodput(self) -> tuple[float, float]:
@@ -342,16 +377,59 @@ def compare_disaggregation(model: str | ModelConfig, hw: str | roofline.Hardware
                            prefill_kwargs: dict[str, Any] | None = None,
                            decode_kwargs: dict[str, Any] | None = None,
                            colocated_kwargs: dict[str, Any] | None = None,
-                           **common: Any) -> Comparison:
+                           tune_colocated: bool = True,
+                           first_token_from: str = "decode", **common: Any) -> Comparison:
     """simulate_disaggregated against simulate_fleet on prefill_gpus + decode_gpus colocated
-    replicas (round robin, chunked prefill as EngineConfig's default, colocated_kwargs on
-    top; prefix caching off in both unless asked for); common: dtype_bytes, kv_dtype_bytes,
-    gpu_memory_utilization, step_time, for both."""
+    replicas (round robin, chunked prefill; prefix caching off in both unless asked for; a
+    tensor_parallel_size in colocated_kwargs makes fewer, wider replicas on the same GPUs).
+    tune_colocated: the colocated replicas run the chunk and max_num_seqs the config recipe
+    chooses for them (tuned_colocated_kwargs), as a fair baseline must; colocated_kwargs go on
+    top, so a max_num_batched_tokens given there wins; False leaves EngineConfig's defaults
+    (a 2,048-token chunk). first_token_from as in simulate_disaggregated; common:
+    dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time, interference (the
+    colocated chunk is then tuned under it too), for both."""
     _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
     disaggregated = simulate_disaggregated(
         model, hw, workload, prefill_gpus=prefill_gpus, decode_gpus=decode_gpus,
-        kv_link=kv_link, prefill_kwargs=prefill_kwargs, decode_kwargs=decode_kwargs, **common)
-    colocated = simulate_fleet(model, hw, workload, num_replicas=prefill_gpus + decode_gpus,
-                               **({"enable_prefix_caching": False} | (colocated_kwargs or {})),
+        kv_link=kv_link, prefill_kwargs=prefill_kwargs, decode_kwargs=decode_kwargs,
+        first_token_from=first_token_from, **common)
+    gpus, tp = prefill_gpus + decode_gpus, (colocated_kwargs or {}).get("tensor_parallel_size", 1)
+    if not isinstance(tp, int) or tp < 1 or gpus % tp:
+        raise ValueError(f"the colocated replicas' tensor_parallel_size={tp!r} must divide the "
+                         f"{gpus} GPUs (prefill_gpus + decode_gpus)")
+    settings: dict[str, Any] = {"enable_prefix_caching": False}
+    if tune_colocated:
+        settings |= tuned_colocated_kwargs(model, hw, workload, slo, tp,
+                                           common.get("interference", 0.0))
+    settings |= colocated_kwargs or {}
+    colocated = simulate_fleet(model, hw, workload, num_replicas=gpus // tp, **settings,
                                **common)
-    return Comparison(disaggregated, colocated, dict(slo))
+    return Comparison(disaggregated, colocated, dict(slo), settings)
+
+
+def tuned_colocated_kwargs(model: str | ModelConfig, hw: str | roofline.Hardware,
+                           workload: Sequence[RequestSpec], slo: dict[str, float],
+                           tensor_parallel_size: int = 1, interference: float = 0.0
+                           ) -> dict[str, int]:
+    """max_num_seqs and max_num_batched_tokens of one colocated replica of tensor_parallel_size
+    GPUs by the config recipe's steps 2 and 3 (minillm.recipe: the KV formula, then the
+    largest chunk whose mixed step keeps the TPOT SLO): the baseline Sarathi-Serve says
+    chunked prefill must be given. With interference != 0 and a TPOT SLO, that mixed step is
+    priced as the run will price it (roofline.serial_phases), in the recipe's power-of-two
+    search from its floor; so a chunk is never chosen by a cost the run does not pay."""
+    config, device = models.as_config(model), roofline.get_hardware(hw)
+    layout = parallel.ParallelConfig(tensor_parallel_size).check(config)
+    typical = recipe.typical_length(workload)
+    seqs = recipe.choose_max_num_seqs(config, device, layout, typical, [])
+    tpot = slo.get("tpot")
+    if interference == 0 or tpot is None:  # without a TPOT bound the chunk ignores the step
+        budget = recipe.choose_batched_tokens(config, device, layout, seqs, typical, workload,
+                                              slo, [])
+        return {"max_num_seqs": seqs, "max_num_batched_tokens": budget}
+    price = roofline.serial_phases(parallel.step_timer(layout), interference)
+    decodes = [(1, typical)] * (seqs - 1)
+    budget = recipe.MIN_BATCHED_TOKENS
+    while (budget < recipe.MAX_BATCHED_TOKENS
+           and price(config, device, [(2 * budget, 2 * budget)] + decodes).time <= tpot):
+        budget *= 2
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": budget}

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from minillm import models, roofline
+from minillm import models, parallel, roofline
 from minillm.config import EngineConfig
 from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
@@ -148,7 +148,8 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
                    overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
                    gpu_memory_utilization: float = 0.9, record_block_tables: bool = False,
                    step_time: StepTimer = roofline.step_time,
-                   kv_dtype_bytes: float | None = None, **engine_kwargs: Any) -> FleetResult:
+                   kv_dtype_bytes: float | None = None, tensor_parallel_size: int = 1,
+                   interference: float = 0.0, **engine_kwargs: Any) -> FleetResult:
     """Serve workload on num_replicas simulated replicas of model on hw behind a router.
 
     routing: "round_robin", "prefix_aware" (PrefixAwareRouter(load_bound), the oracle that reads
@@ -165,6 +166,12 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     kv_dtype_bytes (1 for an int8 or fp8 KV cache: more blocks per replica, fewer KV bytes per
     step), the overhead keywords, gpu_memory_utilization and step_time are as in simulate, and
     so is record_block_tables, off by default here since a fleet run is long.
+    tensor_parallel_size: GPUs of each replica (as in simulate: the pool is what each GPU
+    holds of its shard, steps are priced by parallel_step_time), so the fleet has
+    num_replicas x tensor_parallel_size GPUs.
+    interference: how a step that mixes a prefill chunk with decodes is priced
+    (roofline.serial_phases over the replicas' cost model): 0, the default, the roofline's
+    max(compute, memory) of the whole step; 1, its two phases as two steps, added.
     A closed-loop workload keeps workload.concurrency requests in flight across the fleet.
     """
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
@@ -172,11 +179,17 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     router = make_router(routing, load_bound)
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     engine_kwargs.setdefault("enable_prefix_caching", True)
+    layout = parallel.ParallelConfig(tensor_parallel_size).check(mc)
+    if layout.world_size > 1 and step_time is roofline.step_time:
+        step_time = parallel.step_timer(layout)
+    if interference != 0:
+        step_time = roofline.serial_phases(step_time, interference)
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
-                            kv_dtype_bytes)
+                            kv_dtype_bytes, None, layout)
     overheads = (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair)
     sims = [Simulator(mc, hardware, config, dtype_bytes, overheads, record_block_tables,
-                      step_time, kv_dtype_bytes=kv_dtype_bytes) for _ in range(num_replicas)]
+                      step_time, kv_dtype_bytes=kv_dtype_bytes, layout=layout)
+            for _ in range(num_replicas)]
     for i, spec in enumerate(workload):
         sims[0].check_fits(i, spec)
     start, gc_was_enabled = time.perf_counter(), gc.isenabled()

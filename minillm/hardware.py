@@ -18,11 +18,13 @@ from dataclasses import dataclass
 class Link:
     """A GPU-to-GPU link as the collectives see it. bandwidth: bytes/s one way per GPU (what one
     GPU can send while it receives as much); latency: seconds per step of a ring collective
-    (one hop: a send, its wait and the launch share of it)."""
+    (one hop: a send, its wait and the launch share of it); in_switch_reduction: whether the
+    switch behind the link sums all-reduces itself (NVLink SHARP on NVSwitch 3: NVLS)."""
 
     name: str
     bandwidth: float
     latency: float
+    in_switch_reduction: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.bandwidth, (int, float)) and 0 < self.bandwidth < math.inf):
@@ -31,6 +33,9 @@ class Link:
         if not (isinstance(self.latency, (int, float)) and 0 <= self.latency < math.inf):
             raise ValueError(f"Link {self.name!r}: latency must be >= 0 seconds, "
                              f"got {self.latency!r}")
+        if not isinstance(self.in_switch_reduction, bool):
+            raise ValueError(f"Link {self.name!r}: in_switch_reduction must be True or False, "
+                             f"got {self.in_switch_reduction!r}")
 
 
 # Published peaks, one way per GPU. NVLink: NVIDIA's H100 / A100 datasheets give 900 / 600 GB/s
@@ -41,9 +46,11 @@ class Link:
 # puts a small 8-GPU all-reduce (2 * 7 steps) at ~14 us, the order nccl-tests report for small
 # messages on DGX-class machines (10-20 us); a few us per PCIe hop; ~5 us across InfiniBand
 # (RDMA's ~2 us wire latency plus the proxy); ~10 us on Ethernet (RoCE). These are
-# approximations of measured small-message times, not datasheet figures.
+# approximations of measured small-message times, not datasheet figures. HGX H100 / H200's
+# NVSwitch 3 reduces in the switch (NVLink SHARP); A100's NVSwitch 2 does not.
 LINKS: dict[str, Link] = {link.name: link for link in (
-    Link("NVLink 4", bandwidth=450e9, latency=1e-6),  # H100 / H200 SXM: 18 links x 25 GB/s
+    Link("NVLink 4", bandwidth=450e9, latency=1e-6,  # H100 / H200 SXM: 18 links x 25 GB/s
+         in_switch_reduction=True),
     Link("NVLink 3", bandwidth=300e9, latency=1e-6),  # A100 SXM: 12 links x 25 GB/s
     Link("PCIe 3.0 x16", bandwidth=15.75e9, latency=3e-6),
     Link("PCIe 4.0 x16", bandwidth=31.5e9, latency=3e-6),

@@ -9,11 +9,14 @@ boundary once. A layout of t x p GPUs is a ParallelConfig (vLLM's tensor_paralle
 pipeline_parallel_size).
 
 Model (stated so it can be argued with): each stage is a roofline step (minillm.roofline) over
-its share of the work per GPU; collectives are ring all-reduces on the Link that joins the group
-(NVLink inside a node, the inter-node link once a TP group spans nodes); a stage boundary is one
-send. Optimistic where the roofline is (peak FLOP/s and bandwidth on every GPU) and in pricing
-the ring at the link's peak (real all-reduces of mid-sized messages are slower; NVLink SHARP
-beats the ring on large ones); pessimistic in that compute and communication never overlap.
+its share of the work per GPU; a TP group's all-reduces run the algorithm its layout names
+(ParallelConfig.all_reduce, minillm.collectives): by default one ring on the Link that joins
+the group (NVLink inside a node, the inter-node link once the group spans nodes), or a
+two-level all-reduce that crosses nodes only between per-node shards, or NVLink SHARP inside
+one NVLink domain, or the fastest of these per message ("auto", as NCCL picks); a stage
+boundary is one send. Optimistic where the roofline is (peak FLOP/s and bandwidth on every
+GPU) and in pricing every collective at the link's peak (NCCL's ring reaches ~80% of it);
+pessimistic in that compute and communication never overlap.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from minillm.collectives import (  # noqa: F401 (parallel re-exports the ones it does not call)
+    ALL_REDUCE_ALGORITHMS,
     all_reduce_time,
     bubble_fraction,
     bus_bandwidth,
     gather_time,
+    group_all_reduce_time,
     pipeline_time,
     send_time,
 )
@@ -39,10 +44,13 @@ from minillm.models import ModelLike, as_config
 @dataclass(frozen=True)
 class ParallelConfig:
     """t x p GPUs: tensor_parallel_size GPUs share each layer, pipeline_parallel_size stages
-    hold consecutive runs of layers. check(model) validates the layout against a model's shape."""
+    hold consecutive runs of layers; all_reduce: the TP group's all-reduce algorithm, one of
+    minillm.collectives.ALL_REDUCE_ALGORITHMS ("ring", the default, "hierarchical", "nvls",
+    "auto"). check(model) validates the layout against a model's shape."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    all_reduce: str = "ring"
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -53,6 +61,9 @@ class ParallelConfig:
         if tp & (tp - 1):
             raise ValueError(f"tensor_parallel_size must be a power of two (1, 2, 4, 8, ...), "
                              f"got {tp}")
+        if self.all_reduce not in ALL_REDUCE_ALGORITHMS:
+            raise ValueError(f"all_reduce must be one of {ALL_REDUCE_ALGORITHMS}, "
+                             f"got {self.all_reduce!r}")
 
     @property
     def world_size(self) -> int:
@@ -90,6 +101,14 @@ class ParallelConfig:
         device = get_hardware(hw)
         inside = self.tensor_parallel_size <= device.gpus_per_node
         return device.intra_node_link if inside else device.inter_node_link
+
+    def all_reduce_time(self, nbytes: float, hw: Hardware | str) -> float:
+        """Seconds of one of the TP group's all-reduces of nbytes on hw, by self.all_reduce."""
+        device, tp = get_hardware(hw), self.tensor_parallel_size
+        if self.all_reduce == "ring":  # the module-level name, so a lab can stand in for it
+            return all_reduce_time(nbytes, tp, self.tensor_link(device))
+        return group_all_reduce_time(nbytes, tp, device.gpus_per_node, device.intra_node_link,
+                                     device.inter_node_link, self.all_reduce)
 
     def boundary_link(self, hw: Hardware | str, stage: int) -> Link:
         """The link between stage and stage + 1 when GPUs fill nodes in order: the inter-node
@@ -282,7 +301,7 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
                        matmul_speedup: float = 1.0) -> ParallelStepCost:
     """The cost of one step (entries as roofline.step_flops_bytes: (new tokens, context) per
     request) on a layout. Each stage: its layers' FLOPs and weight and K/V bytes per GPU on the
-    roofline, 2 all-reduces a layer of tokens x hidden x activation_bytes on layout.tensor_link
+    roofline, 2 all-reduces a layer of tokens x hidden x activation_bytes by layout.all_reduce
     (and the logits of the sampled rows gathered from the vocab shards on the last stage), then
     tokens x hidden x activation_bytes sent to the next stage. activation_bytes: None is
     max(dtype_bytes, 2) (int8 / fp8 weights still compute in bf16). matmul_speedup: the weight
@@ -306,7 +325,7 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
     if rows == 0:
         raise ValueError("entries is empty: a step runs at least one request")
     tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
-    layer_reduce = all_reduce_time(tokens * c.hidden_size * act, tp, layout.tensor_link(device))
+    layer_reduce = layout.all_reduce_time(tokens * c.hidden_size * act, device)
     stages = []
     for stage, s in enumerate(shapes):
         matmul_flops = 2 * s.matmul_params * tokens

@@ -10,9 +10,17 @@ Given a model, a GPU type, a workload, latency SLOs and a number of GPUs, the re
 3. max_num_batched_tokens, the chunk size of chunked prefill: the largest budget whose mixed
    step (one full chunk plus a full batch of decodes) stays under the TPOT SLO, so a long
    prompt never stalls the decodes sharing its steps;
-4. a small goodput search in the simulator around that start (max_num_seqs and the budget
-   halved and doubled, then each wider TP inside a node with its own steps 2-3), keeping the
-   best goodput that meets the SLO.
+4. a small goodput search in the simulator around that start: max_num_seqs raised in steps
+   of a quarter of the KV formula's value until the SLO breaks, then backed off one step (or
+   lowered by the same steps until it holds); the budget halved and doubled around that; then
+   each wider TP inside a node with its own steps 2-3; keeping the best goodput that meets the
+   SLO.
+
+quantization (vLLM's --quantization: None, "int8", "int4", "fp8"; minillm.quant.schemes) prices
+every step with the scheme's weight bytes (K/V stay bf16): smaller weights leave more of each
+GPU to the KV cache, so step 1 may need less TP and step 2 fits more sequences. Autoscaling, the
+recipe's last step, is minillm.autoscale.slo_replicas: the replicas the SLO-attainment rule
+settles on for a demand, from a rate sweep of the chosen engine.
 
 The GPUs left over become replicas (data parallelism: gpus // (TP x PP) engines). Model
 (stated so it can be argued with): a router spreads requests evenly, so one replica serving
@@ -26,7 +34,7 @@ DistServe counts) meet every bound.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +51,7 @@ from minillm.deployment import (
 from minillm.hardware import Hardware, get_hardware
 from minillm.metrics import Summary, percentile
 from minillm.models import ModelLike, as_config
+from minillm.quant.schemes import QuantScheme, get_scheme
 from minillm.simulator import SimulationResult
 from minillm.workload import RequestSpec
 
@@ -53,8 +62,10 @@ MIN_BATCHED_TOKENS = 512  # below it a prefill chunk is too small to use the GPU
 MAX_BATCHED_TOKENS = 16384  # the largest budget step 3 and the search try
 MIN_FULL_SEQUENCES = 4  # "fits" means a few longest requests at once, not one
 GOODPUT_TOLERANCE = 0.05  # a search step must beat the current best by this share to replace it:
-# a few hundred simulated requests measure goodput to a few per cent (the drain at the end of a
-# run, sampling), and a tie keeps the recipe's own, smaller TP
+# a steady-state window of a few hundred simulated requests measures goodput to a few per cent
+# (Poisson sampling), and a tie keeps the recipe's own, smaller TP
+SEQS_STEPS = 4  # max_num_seqs moves in steps of 1/SEQS_STEPS of the KV formula's value ...
+SEQS_RAISES = 4  # ... at most this many steps up (to twice the formula's value)
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ class Recommendation:
     dollars_per_million_tokens: float | None
     reasoning: list[str] = field(default_factory=list)
     enable_chunked_prefill: bool = True
+    quantization: str | None = None
 
     @property
     def gpus_used(self) -> int:
@@ -87,7 +99,7 @@ class Recommendation:
     def deployment(self) -> Deployment:
         return Deployment(self.tensor_parallel_size, self.pipeline_parallel_size, self.replicas,
                           self.max_num_seqs, self.max_num_batched_tokens,
-                          self.enable_chunked_prefill)
+                          self.enable_chunked_prefill, self.quantization)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The settings as simulate()'s (and vLLM's) keyword arguments, for one replica."""
@@ -100,27 +112,40 @@ class Recommendation:
 
 def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSpec],
               slo: dict[str, float], gpus: int, *, attainment_target: float = 0.9,
-              sim_requests: int = 300, overheads: dict[str, float] | None = None
-              ) -> Recommendation:
+              sim_requests: int = 300, overheads: dict[str, float] | None = None,
+              quantization: str | None = None) -> Recommendation:
     """The recipe's deployment of model on gpus GPUs of hw for workload under slo (seconds,
     as metrics.meets_slo: {"ttft": 1.0, "tpot": 0.05}); simulations use at most sim_requests
     requests of one replica's share. overheads: simulate()'s overhead, overhead_per_token,
     overhead_per_seq, overhead_per_pair (CalibrationReport.overheads() fits them), used by
-    step 3 and the search alike; None prices steps at the roofline's peaks. ValueError naming
-    the binding constraint when no configuration can: the weights (step 1) or the SLO metric
-    furthest from met (step 4)."""
+    step 3 and the search alike; None prices steps at the roofline's peaks. quantization:
+    vLLM's name of the weights' scheme (minillm.quant.schemes.SCHEMES; None is bf16). ValueError
+    naming the binding constraint when no configuration can: the weights (step 1) or the SLO
+    metric furthest from met (step 4); and for a scheme the GPU cannot run (fp8 without FP8
+    tensor cores)."""
     config, device = as_config(model), get_hardware(hw)
     _check_inputs(workload, slo, gpus, attainment_target, sim_requests)
     overheads = _check_overheads(overheads)
+    scheme = get_scheme(quantization)
+    scheme.check(device)
     totals = [s.prompt_len + s.output_len for s in workload]
     longest, typical = max(totals), typical_length(workload)
     reasoning: list[str] = []
-    layout = choose_layout(config, device, gpus, longest, reasoning)
-    seqs = choose_max_num_seqs(config, device, layout, typical, reasoning)
+    if scheme.name != "bf16":
+        reasoning.append(
+            f"Quantization {scheme.name!r}: {scheme.weight_bytes:g} bytes a weight against "
+            f"bf16's 2, K/V kept in bf16"
+            + (f", weight matmuls at {scheme.matmul_speedup:g}x the bf16 peak"
+               if scheme.matmul_speedup != 1 else "")
+            + (" (modelled: minillm's engine runs int8 only)." if not scheme.implemented
+               else "."))
+    layout = choose_layout(config, device, gpus, longest, reasoning, quantization=scheme.name)
+    seqs = choose_max_num_seqs(config, device, layout, typical, reasoning,
+                               quantization=scheme.name)
     budget = choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
-                                   reasoning, overheads)
+                                   reasoning, overheads, quantization=scheme.name)
     best, tried = _search(config, device, workload, slo, gpus, (layout, seqs, budget),
-                          attainment_target, sim_requests, overheads)
+                          attainment_target, sim_requests, overheads, quantization)
     if best.attainment < attainment_target:
         raise ValueError(_refusal(tried, slo, attainment_target))
     return _report(model, device, gpus, best, tried, reasoning)
@@ -129,28 +154,36 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
 def _report(model: ModelLike, device: Hardware, gpus: int, best: DeploymentRun,
             tried: list[DeploymentRun], reasoning: list[str]) -> Recommendation:
     """The Recommendation of the search's best, with its last lines of reasoning: the search
-    and, on a priced GPU, the cost (at the workload's rate, not at the fleet's capacity)."""
+    and, on a priced GPU, the cost (at the output tokens/s the fleet sustains in steady
+    state)."""
     chosen, start, summary = best.deployment, tried[0], best.summary
     replicas, used = chosen.replicas, chosen.gpus
     idle = f" ({gpus - used} of the {gpus} GPUs left idle)" if used < gpus else ""
+    climbed = sorted({t.deployment.max_num_seqs for t in tried
+                      if t.deployment.layout == start.deployment.layout
+                      and t.deployment.max_num_batched_tokens
+                      == start.deployment.max_num_batched_tokens})
     reasoning.append(
         f"Search: {len(tried)} simulated configs ({len(best.result.outputs)} requests of one "
-        f"replica's share each); the recipe's start had goodput {start.goodput:.2f} req/s "
+        f"replica's share each); max_num_seqs tried {climbed} (raised by a quarter of the KV "
+        f"formula's value until the SLO breaks, then one step back; a raise stops once the "
+        f"batch never fills the cap); the recipe's start had goodput {start.goodput:.2f} req/s "
         f"with {start.attainment:.0%} meeting the SLO; best: {_name(chosen.layout)}, "
         f"max_num_seqs {chosen.max_num_seqs}, max_num_batched_tokens "
         f"{chosen.max_num_batched_tokens}: goodput "
-        f"{best.goodput:.2f} req/s over {replicas} replica(s){idle}, "
+        f"{best.goodput:.2f} req/s in steady state over {replicas} replica(s){idle}, "
         f"{best.attainment:.0%} of requests meet the SLO (TTFT p99 "
         f"{summary.ttft.p99 * 1e3:.0f} ms, TPOT p99 {summary.tpot.p99 * 1e3:.1f} ms).")
     dollars = best.dollars_per_million_tokens
     if dollars is not None:
         reasoning.append(f"Cost: {used} GPUs at ${device.dollars_per_hour:.2f}/h for "
-                         f"{summary.output_throughput * replicas:.0f} output tokens/s: "
+                         f"{best.output_throughput:.0f} output tokens/s in steady state: "
                          f"${dollars:.3f} per 1M tokens.")
     return Recommendation(model if isinstance(model, str) else "custom model", device.name,
                           chosen.tensor_parallel_size, chosen.pipeline_parallel_size, replicas,
                           chosen.max_num_seqs, chosen.max_num_batched_tokens, summary,
-                          best.goodput, best.attainment, dollars, reasoning)
+                          best.goodput, best.attainment, dollars, reasoning,
+                          quantization=chosen.quantization)
 
 
 def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: int,
@@ -217,18 +250,20 @@ def _layouts(config: Any, device: Hardware, gpus: int) -> list[parallel.Parallel
 
 
 def choose_layout(config: Any, device: Hardware, gpus: int, longest: int,
-                  reasoning: list[str]) -> parallel.ParallelConfig:
-    """Step 1: the first layout of _layouts at which the weights and MIN_FULL_SEQUENCES
-    sequences of the longest request's length fit each GPU; ValueError naming what does not
-    fit if none does."""
+                  reasoning: list[str], *, quantization: str | None = None
+                  ) -> parallel.ParallelConfig:
+    """Step 1: the first layout of _layouts at which the weights (in quantization's bytes)
+    and MIN_FULL_SEQUENCES sequences of the longest request's length fit each GPU; ValueError
+    naming what does not fit if none does."""
+    scheme = get_scheme(quantization)
     layouts = _layouts(config, device, gpus)
     if not layouts:
         raise ValueError(f"no tensor_parallel_size up to {gpus} GPUs splits this model's heads")
     usable = device.memory * GPU_MEMORY_UTILIZATION
     previous = None
     for layout in layouts:
-        full = parallel.max_concurrency(config, device, layout, longest, GPU_MEMORY_UTILIZATION)
-        weights = parallel.weight_bytes_per_gpu(config, layout)
+        full = _max_concurrency(config, device, layout, longest, scheme)
+        weights = parallel.weight_bytes_per_gpu(config, layout, scheme.weight_bytes)
         if full >= MIN_FULL_SEQUENCES:
             reasoning.append(
                 f"{_name(layout)}: the weights take {weights / 1e9:.1f} GB per GPU of the "
@@ -242,7 +277,7 @@ def choose_layout(config: Any, device: Hardware, gpus: int, longest: int,
             return layout
         previous = layout
     last = layouts[-1]
-    weights = parallel.weight_bytes_per_gpu(config, last)
+    weights = parallel.weight_bytes_per_gpu(config, last, scheme.weight_bytes)
     if weights > usable:
         raise ValueError(
             f"the weights alone need {weights / 1e9:.1f} GB per GPU at {_name(last)} (the "
@@ -255,15 +290,24 @@ def choose_layout(config: Any, device: Hardware, gpus: int, longest: int,
         f"({longest} tokens) in {usable / 1e9:.1f} GB; give more GPUs or shorten the requests")
 
 
+def _max_concurrency(config: Any, device: Hardware, layout: parallel.ParallelConfig,
+                     seq_len: int, scheme: QuantScheme) -> int:
+    return parallel.max_concurrency(config, device, layout, seq_len, GPU_MEMORY_UTILIZATION,
+                                    scheme.weight_bytes, kv_dtype_bytes=2)
+
+
 def choose_max_num_seqs(config: Any, device: Hardware, layout: parallel.ParallelConfig,
-                        typical: int, reasoning: list[str]) -> int:
+                        typical: int, reasoning: list[str], *,
+                        quantization: str | None = None) -> int:
     """Step 2: the KV formula, (usable memory - weights) / KV bytes per typical sequence,
     capped at MAX_NUM_SEQS_CAP. Under pipeline parallelism max_num_seqs holds for each of the p
     virtual engines, which own 1/p of the blocks each (minillm.virtual_engines, as vLLM): the
     sequences that fit are shared among them."""
-    free = device.memory * GPU_MEMORY_UTILIZATION - parallel.weight_bytes_per_gpu(config, layout)
+    scheme = get_scheme(quantization)
+    free = (device.memory * GPU_MEMORY_UTILIZATION
+            - parallel.weight_bytes_per_gpu(config, layout, scheme.weight_bytes))
     per_seq = parallel.kv_bytes_per_token_per_gpu(config, layout) * typical
-    fit = parallel.max_concurrency(config, device, layout, typical, GPU_MEMORY_UTILIZATION)
+    fit = _max_concurrency(config, device, layout, typical, scheme)
     p = layout.pipeline_parallel_size
     seqs = max(min(fit // p, MAX_NUM_SEQS_CAP), 1)
     shared = (f", {fit // p} for each of the {p} virtual engines (each owns 1/{p} of the blocks)"
@@ -279,16 +323,19 @@ def choose_max_num_seqs(config: Any, device: Hardware, layout: parallel.Parallel
 def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.ParallelConfig,
                           seqs: int, typical: int, workload: Sequence[RequestSpec],
                           slo: dict[str, float], reasoning: list[str],
-                          overheads: dict[str, float] | None = None) -> int:
+                          overheads: dict[str, float] | None = None, *,
+                          quantization: str | None = None) -> int:
     """Step 3: the largest power-of-two budget (MIN_BATCHED_TOKENS..MAX_BATCHED_TOKENS) whose
     mixed step, one chunk of the budget beside seqs - 1 decodes at the typical context, stays
-    under the TPOT SLO (without one: the p90 prompt in one chunk)."""
+    under the TPOT SLO (without one: the p90 prompt in one chunk); steps priced in
+    quantization's scheme."""
+    step_kwargs = get_scheme(quantization).step_kwargs()
     prompt_p90 = math.ceil(percentile([s.prompt_len for s in workload], 90))
 
     def mixed_step(budget: int) -> float:
         decodes = [(1, typical)] * (seqs - 1)
         return parallel.parallel_step_time(config, device, [(budget, budget)] + decodes,
-                                           layout, **(overheads or {})).time
+                                           layout, **(overheads or {}), **step_kwargs).time
 
     tpot = slo.get("tpot")
     budget = MIN_BATCHED_TOKENS
@@ -315,17 +362,16 @@ def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.Parall
 
 def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
             slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
-            target: float, sim_requests: int, overheads: dict[str, float]
-            ) -> tuple[DeploymentRun, list[DeploymentRun]]:
-    """Step 4: from start (layout, max_num_seqs, budget), try max_num_seqs halved and doubled,
-    then the budget halved and doubled around the better, then each wider TP; one knob at a
-    time, so 5 simulations plus one per wider TP. The best meets the SLO with the most
-    goodput."""
+            target: float, sim_requests: int, overheads: dict[str, float],
+            quantization: str | None = None) -> tuple[DeploymentRun, list[DeploymentRun]]:
+    """Step 4: from start (layout, max_num_seqs, budget), max_num_seqs by climb_max_num_seqs,
+    then the budget halved and doubled around it, then each wider TP with its own steps 2-3;
+    one knob at a time. The best meets the SLO with the most goodput."""
     tried: dict[Deployment, DeploymentRun] = {}
 
     def run(layout: parallel.ParallelConfig, seqs: int, budget: int) -> DeploymentRun:
         chosen = Deployment(layout.tensor_parallel_size, layout.pipeline_parallel_size,
-                            gpus // layout.world_size, seqs, budget)
+                            gpus // layout.world_size, seqs, budget, quantization=quantization)
         if chosen not in tried:
             tried[chosen] = run_deployment(config, device, workload, slo, chosen,
                                            sim_requests=sim_requests, overheads=overheads)
@@ -343,9 +389,7 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
         return best
 
     layout, seqs, budget = start
-    best = run(layout, seqs, budget)
-    for other in (max(seqs // 2, 1), min(seqs * 2, 2 * MAX_NUM_SEQS_CAP)):
-        best = keep_better(best, run(layout, other, budget))
+    best = climb_max_num_seqs(lambda n: run(layout, n, budget), seqs, target)
     for other in (max(budget // 2, MIN_BATCHED_TOKENS), min(budget * 2, MAX_BATCHED_TOKENS)):
         best = keep_better(best, run(layout, best.deployment.max_num_seqs, other))
     typical = typical_length(workload)
@@ -354,11 +398,44 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
     for tp in wider_tps:
         # A wider TP with its own recipe: fewer replicas, each with more KV room and faster steps
         wider = parallel.ParallelConfig(tp)
-        seqs_wide = choose_max_num_seqs(config, device, wider, typical, [])
+        seqs_wide = choose_max_num_seqs(config, device, wider, typical, [],
+                                        quantization=quantization)
         budget_wide = choose_batched_tokens(config, device, wider, seqs_wide, typical,
-                                            workload, slo, [], overheads)
+                                            workload, slo, [], overheads,
+                                            quantization=quantization)
         best = keep_better(best, run(wider, seqs_wide, budget_wide))
     return best, list(tried.values())
+
+
+def climb_max_num_seqs(run: Callable[[int], DeploymentRun], start: int, target: float
+                       ) -> DeploymentRun:
+    """The guide's rule for max_num_seqs: raise it until the SLO breaks, then back off one step.
+    The step is a quarter of start (the KV formula's value, SEQS_STEPS), at most SEQS_RAISES
+    raises (twice start, and 2 x MAX_NUM_SEQS_CAP at most); a raise stops early when the
+    batch never reached the current cap (its peak running batch is below it: a higher cap
+    cannot change the run). If start itself misses the SLO, lower it by the same steps until
+    it holds (or 1). run(n) simulates max_num_seqs n; the run returned is the last that met
+    attainment target (start's, if none did)."""
+    step = max(start // SEQS_STEPS, 1)
+    ceiling = min(start + SEQS_RAISES * step, 2 * MAX_NUM_SEQS_CAP)
+    current = run(start)
+    if current.attainment < target:
+        seqs = start
+        while seqs > 1:
+            seqs = max(seqs - step, 1)
+            lower = run(seqs)
+            if lower.attainment >= target:
+                return lower
+        return current
+    while current.deployment.max_num_seqs + step <= ceiling:
+        peak = max((len(r.scheduled) for r in current.result.trace), default=0)
+        if peak < current.deployment.max_num_seqs:
+            break  # the cap never bound: raising it cannot change the run
+        raised = run(current.deployment.max_num_seqs + step)
+        if raised.attainment < target:
+            break  # the SLO broke: back off one step, to current
+        current = raised
+    return current
 
 
 def _per_request(result: SimulationResult, name: str) -> list[float]:

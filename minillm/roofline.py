@@ -173,6 +173,79 @@ def step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int,
                     max(compute_time, memory_time) + extra)
 
 
+
+def split_phases(entries: Iterable[tuple[int, int]]
+                 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(prefill part, decode part) of a step's entries: an entry of one new token is a decode,
+    any other a prompt or a chunk of one. A one-token chunk (the last token of a prompt, or the
+    tail a decode replica recomputes) is priced as a decode: it costs what one does."""
+    prefill: list[tuple[int, int]] = []
+    decode: list[tuple[int, int]] = []
+    for entry in entries:
+        (decode if entry[0] == 1 else prefill).append(entry)
+    return prefill, decode
+
+
+@dataclass(frozen=True)
+class SerialStepCost:
+    """A mixed step priced by serial_phases: parts, the base cost model's costs of its prefill
+    part and of its decode part (the fixed per-step overhead in the last); overlap, the base's
+    cost of the whole step as one batch; interference as given. time = overlap.time +
+    interference x (the parts' times summed - overlap.time). float(cost) is cost.time."""
+
+    parts: tuple[StepCost, StepCost]
+    overlap: StepCost
+    interference: float
+    time: float
+
+    def __float__(self) -> float:
+        return self.time
+
+
+def serial_phases(base: Callable[..., StepCost] | None = None,
+                  interference: float = 1.0) -> Callable[..., StepCost | SerialStepCost]:
+    """A cost model for simulate(step_time=...) that prices prefill-decode interference.
+
+    A mixed step (a prefill chunk beside decodes) has two bounds. The optimistic one is base's
+    own (step_time: max(compute, memory) of the whole batch): the chunk's FLOPs hide under the
+    decodes' weight and K/V reads, so a chunk below the ridge point rides along a memory-bound
+    decode step almost free. Nothing can beat it, since it is the roofline of the work. The
+    pessimistic one prices the step's prefill part and its decode part as two roofline steps
+    and adds them: nothing of the chunk overlaps the decodes, each part reads the weights. An
+    engine that never mixes phases pays exactly that (vLLM's V0 default scheduler,
+    Scheduler._schedule_default, runs no decodes in a step that prefills; minillm's scheduler
+    mixes them, as vLLM's V1 does), so a mixed step should cost no more. Real kernels land in
+    between: the linear layers of a fused batch read each weight once, but prefill and decode
+    attention run as different kernels one after the other, and a GEMM near the ridge point
+    runs below both roofs (DistServe, Splitwise and Sarathi-Serve measure the gap on GPUs).
+    interference: where in between, 0 the optimistic bound (base's cost), 1 (the default) the
+    pessimistic one, linear in between. Pure steps, all prefill or all decode, cost exactly
+    what base says. base: a cost model called as step_time is (default step_time; for a TP x
+    PP layout, minillm.parallel.step_timer(layout)). The fixed per-step overhead is paid once:
+    the engine still runs one step of its loop. Not for speculative decoding, whose verified
+    decodes carry several new tokens and would be priced as chunks."""
+    if not 0 <= interference <= 1:
+        raise ValueError(f"interference must be between 0 (max(compute, memory) of the whole "
+                         f"step) and 1 (its phases priced apart and added), got "
+                         f"{interference!r}")
+    timer = step_time if base is None else base
+
+    def price(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int, int]],
+              dtype_bytes: float = 2, overhead: float = 0.0, *per_unit: float,
+              **kwargs: float) -> StepCost | SerialStepCost:
+        entries = list(entries)
+        prefill, decode = split_phases(entries)
+        whole = timer(model, hw, entries, dtype_bytes, overhead, *per_unit, **kwargs)
+        if not prefill or not decode or interference == 0:
+            return whole
+        parts = (timer(model, hw, prefill, dtype_bytes, 0.0, *per_unit, **kwargs),
+                 timer(model, hw, decode, dtype_bytes, overhead, *per_unit, **kwargs))
+        serial = parts[0].time + parts[1].time
+        return SerialStepCost(parts, whole, interference,
+                              whole.time + interference * (serial - whole.time))
+    return price
+
+
 def _check_counts(**values: int | None) -> None:
     for name, value in values.items():
         if value is not None and (not isinstance(value, int) or value < 1):

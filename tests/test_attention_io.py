@@ -14,6 +14,7 @@ from minillm.attention.io_cost import (
     SRAM_PER_SM,
     attention_cost,
     attention_flops,
+    hbm_bytes_decode,
     hbm_bytes_naive,
     hbm_bytes_tiled,
     peak_memory,
@@ -100,14 +101,44 @@ def test_naive_is_memory_bound_and_tiled_compute_bound_at_long_n(gpu: str) -> No
 
 
 def test_invalid_inputs_name_the_value() -> None:
-    with pytest.raises(ValueError, match="N must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="S must be a positive int, got 0"):
         hbm_bytes_naive(0, 64, 1, 2)
+    with pytest.raises(ValueError, match="K .KV heads. must be a positive int dividing H = 32, "
+                                         "got 5"):
+        hbm_bytes_decode(1024, 128, 32, 5, 2)
     with pytest.raises(ValueError, match="dtype_bytes"):
         hbm_bytes_tiled(64, 64, 1, 0, 1024)
     with pytest.raises(ValueError, match="cannot hold four 1 x 64 tiles"):
         hbm_bytes_tiled(64, 64, 1, 2, 256)
     with pytest.raises(ValueError, match="no SRAM size for 'T4'"):
         sram_bytes_of("T4")
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "H100-SXM"])
+def test_tiled_traffic_is_s2_d2_over_m(gpu: str) -> None:
+    """The re-read part of the tiled count is Θ(S²·D²/M): at a fixed SRAM, doubling D
+    quadruples it (R halves, each pass reads twice the bytes); halving M doubles it. A count
+    O(S²/M), without the D², would leave D's doubling at 1x."""
+    sram, S = SRAM_PER_SM[gpu], 65536
+
+    def rereads(D: int, sram_bytes: int) -> float:  # less Q read and O written, once each
+        return hbm_bytes_tiled(S, D, 1, 2, sram_bytes) - 2 * 2 * S * D
+
+    assert rereads(128, sram) / rereads(64, sram) == pytest.approx(4, rel=0.02)
+    assert rereads(128, sram // 2) / rereads(128, sram) == pytest.approx(2, rel=0.02)
+    assert rereads(128, sram) == pytest.approx(8 * S**2 * 128**2 / (sram / 2) * 2, rel=0.02)
+
+
+def test_decode_traffic_is_linear_in_s_and_tiling_saves_little() -> None:
+    """One decode token over S positions: K/V read once, linear in S whether or not the scores
+    are written out; the scores FlashAttention keeps on chip are 2·H/(K·D) of it."""
+    H, K, D = 32, 8, 128  # Llama-3-8B
+    for materialized in (False, True):
+        one, two = (hbm_bytes_decode(S, D, H, K, 2, materialized) for S in (4096, 8192))
+        assert two / one == pytest.approx(2, rel=0.01)
+    flash, naive = (hbm_bytes_decode(4096, D, H, K, 2, m) for m in (False, True))
+    assert flash == 2 * (2 * 4096 * K * D + 2 * H * D)
+    assert (naive - flash) / flash == pytest.approx(2 * H / (K * D), rel=0.01)  # 6%
 
 
 def test_measured_h200_fractions() -> None:

@@ -105,3 +105,29 @@ def test_parse_metrics_reads_labels_with_escapes() -> None:
     assert samples[0].labels["x"] == "1"
     with pytest.raises(ValueError, match="not a Prometheus sample"):
         autoscale.parse_metrics("not a sample line here")
+
+
+def test_at_rate_stretches_arrivals_to_the_rate_asked() -> None:
+    specs = poisson(101, 5.0, (100, 200), (10, 20), seed=0)
+    faster = autoscale.at_rate(specs, 20.0)
+    assert faster.rate == 20.0
+    assert faster[-1].arrival_time == pytest.approx(100 / 20.0)
+    assert [s.prompt_len for s in faster] == [s.prompt_len for s in specs]
+    with pytest.raises(ValueError, match="rate must be positive"):
+        autoscale.at_rate(specs, 0.0)
+
+
+def test_slo_replicas_divides_demand_by_the_highest_rate_the_slo_holds_at() -> None:
+    from minillm.deployment import Deployment
+
+    specs = poisson(120, 10.0, (200, 800), (50, 150), seed=0)
+    slo = {"ttft": 0.5, "tpot": 0.05}
+    engine = Deployment(max_num_seqs=64)
+    count, sweep = autoscale.slo_replicas("llama-3-8b", "H100-SXM", specs, slo, engine, 200.0,
+                                          rates=[10.0, 20.0, 40.0, 80.0, 160.0],
+                                          sim_requests=120)
+    accepted = [s.rate for s in sweep if s.attainment >= 0.9]
+    refused = [s.rate for s in sweep if s.attainment < 0.9]
+    assert accepted and refused, "the sweep must cross the SLO's knee"
+    assert max(accepted) < min(refused)
+    assert count == math.ceil(200.0 / max(accepted))

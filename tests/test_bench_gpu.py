@@ -279,3 +279,19 @@ def test_the_int8_gemv_figure_measures_the_kernel_against_copy_and_bf16(
     seconds = (64 * 32 + 4 * 64 + 2 * (32 + 64)) / (bandwidth.value * 1e9)
     assert versus_bf16.value == pytest.approx(seconds * 1e6)
     assert versus_bf16.ratio == pytest.approx(versus_bf16.baseline / versus_bf16.value)
+
+
+def test_the_prepared_run_times_the_int8_gemv_on_a_llama_3_8b_projection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Chapter 10's "2x from int8 weights" is modelled; the figure that would back it is the
+    # int8 GEMV against a bf16 matmul at batch 1 on the 8B's MLP weight, in every `bench gpu`.
+    calls = []
+    monkeypatch.setattr(kernels, "decode_figures", lambda *a: [figure("decode")])
+    monkeypatch.setattr(kernels, "prefill_figures", lambda *a: [figure("prefill")])
+    monkeypatch.setattr(kernels, "int8_gemv_figures",
+                        lambda n, k, bw, dev: calls.append((n, k, bw)) or [figure("int8")])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = argparse.Namespace(batch=64, context=4096, prefill_tokens=4096)
+    names = [f.name for f in kernels.kernel_figures(args, kernels.Baselines(3e12, 1e15),
+                                                    torch.device("cpu"))]
+    assert names == ["decode", "prefill", "int8"] and calls == [(14336, 4096, 3e12)]

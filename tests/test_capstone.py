@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from minillm.capstone import PRICES, SCENARIOS, evaluate, reference
+from minillm.capstone import SCENARIOS, evaluate, reference
 from minillm.deployment import Deployment, replica_share, run_deployment
 
 pytestmark = pytest.mark.ch11
@@ -47,7 +47,7 @@ def test_the_chapter_scenario_rewards_the_recipe_over_the_defaults() -> None:
 
 def test_run_deployment_scales_one_replica_to_the_fleet() -> None:
     """Four replicas behind an even router: one replica serves every fourth request, and the
-    fleet's goodput and cost are that run's, worked out by hand from its requests."""
+    fleet's goodput is four times that replica's, at its cost per token."""
     scenario = SCENARIOS["rag-8b"]
     workload = scenario.workload()
     deployment = Deployment(1, replicas=4, max_num_seqs=64, max_num_batched_tokens=512)
@@ -55,14 +55,8 @@ def test_run_deployment_scales_one_replica_to_the_fleet() -> None:
                          sim_requests=100)
     served = sorted(o.metrics.arrival_time for o in run.result.outputs)
     assert served == [s.arrival_time for s in list(workload)[::4][:100]]
-    done = [o.metrics for o in run.result.outputs]
-    seconds = max(m.finished_time for m in done) - min(m.arrival_time for m in done)
-    met = sum(m.ttft <= scenario.slo["ttft"] and m.tpot <= scenario.slo["tpot"] for m in done)
-    assert run.goodput == pytest.approx(4 * met / seconds)
-    fleet_tokens_per_hour = 4 * sum(len(m.token_times) for m in done) / seconds * 3600
-    gpu_dollars_per_hour = PRICES["A100-80GB"] * 4  # four replicas of one GPU each
-    assert run.dollars_per_million_tokens == pytest.approx(
-        gpu_dollars_per_hour / fleet_tokens_per_hour * 1e6)
+    # Goodput and cost are read however minillm.deployment reads one run (its steady state);
+    # what the fleet adds is the scaling, checked against the replica's share served alone.
     # The same engine serving that share alone: the same run, a quarter of the fleet's goodput
     # at the same cost per token (a quarter of the GPUs making a quarter of the tokens).
     alone = run_deployment(scenario.model, scenario.hardware, replica_share(workload, 4),

@@ -49,7 +49,9 @@ TERMS = ["TTFT", "TPOT", "ITL", "E2E latency", "throughput", "goodput", "SLO", "
          "SRAM", "HBM", "FlashAttention", "split-KV"]
 # In a student handout (strip-solutions) the tests that read the solutions skip; the rest run.
 needs_solutions = pytest.mark.skipif(not has_solutions(), reason="a copy without the solutions")
-SYMBOLS = ["B", "T", "S", "H", "K", "D", "L", "E", "F", "V", "N", "P", "I", "O", "AI", "M"]
+SYMBOLS = ["B", "T", "S", "H", "K", "D", "L", "E", "F", "V", "N", "P", "I", "O", "AI", "M",
+           "G", "R", "J", "Z",  # chapter 12: GQA group, a tile's rows and keys, splits
+           "k", "α", "τ", "t", "p", "m", "μ", "l"]  # chapters 10-12: draft, acceptance, TP, PP, ...
 
 
 def markdown_of(path: Path) -> str:
@@ -109,7 +111,7 @@ def test_every_term_and_citation_a_page_uses_exists() -> None:
 
 def test_notation_defines_each_symbol_once() -> None:
     text = (BOOK / "notation.md").read_text()
-    rows = re.findall(r"^\| ([A-Z]{1,2})(?: \([^)]*\))? \|", text, re.M)
+    rows = re.findall(r"^\| ([A-Za-zα-ω]{1,2})(?: \([^)]*\))? \|", text, re.M)
     assert sorted(rows) == sorted(SYMBOLS), "one row per symbol of the brief"
     assert "prompt length" in text and "output length" in text and "block size" in text
     for metric in ["TTFT", "TPOT", "ITL", "E2E latency"]:
@@ -126,7 +128,18 @@ def test_the_learning_path_gives_prerequisites_and_a_measured_time_per_chapter()
                     and line.startswith("|")), None)
         assert row, f"learning_path.md: no row for {path.name}"
         assert re.search(r"\|\s*~?\d+(\.\d+)?\s*(s|min)\s*\|", row), f"no measured time: {row}"
-    assert "measured on a 2-core CPU" in text and re.search(r"commit [0-9a-f]{7}", text)
+    assert "measured on a 2-core CPU" in text
+    # The times, then their provenance in one place: no commit hash before the last section.
+    body, _, provenance = text.partition("## Where the times come from")
+    assert provenance, "learning_path.md: a section 'Where the times come from'"
+    assert not re.search(r"\b[0-9a-f]{7}\b", body), "commit hashes belong in the last section"
+    timed = set()
+    for first_column in re.findall(r"^\| ([\d–, ]+) \|", provenance, re.M):
+        for part in first_column.split(","):
+            lo, _, hi = part.strip().partition("–")
+            timed |= {f"{n:02d}" for n in range(int(lo), int(hi or lo) + 1)}
+    assert timed == {p.name[:2] for p in CHAPTERS}, "when each chapter was timed"
+    assert re.findall(r"\b[0-9a-f]{7}\b", provenance), "the commits the times were measured at"
 
 
 def test_the_instructor_guide_covers_schedule_grading_and_where_it_runs() -> None:
@@ -134,8 +147,43 @@ def test_the_instructor_guide_covers_schedule_grading_and_where_it_runs() -> Non
     for needed in ["python -m minillm.labs grade", "python -m minillm.labs chNN",
                    "strip-solutions", "Binder", "GPU", "laptop", "Known limitations"]:
         assert needed.lower() in text.lower(), needed
-    weeks = re.findall(r"^\| (\d+) \| \[", text, re.M)
-    assert weeks == [str(n) for n in range(1, len(CHAPTERS) + 1)], "one chapter a week"
+    schedule = re.findall(r"^\| (\d+) \| ([^|]*) \|", text, re.M)
+    assert [int(week) for week, _ in schedule] == list(range(1, len(schedule) + 1))
+    taught = {week: re.findall(r"\]\((\d\d)_\w+\.ipynb\)", cell) for week, cell in schedule}
+    assert all(len(chapters) <= 1 for chapters in taught.values()), "one chapter a week"
+    scheduled = sorted(c for chapters in taught.values() for c in chapters)
+    assert scheduled == sorted(p.name[:2] for p in CHAPTERS), "every chapter, once"
+    # The capstone (chapter 11's 11.2) gets at least two weeks after its chapter, and no later
+    # week brings a new chapter to compete with it.
+    capstone_week = next(int(w) for w, chapters in taught.items() if chapters == ["11"])
+    later = [(int(w), cell) for w, cell in schedule if int(w) > capstone_week]
+    capstone_weeks = [w for w, cell in later if "capstone" in cell]
+    assert len(capstone_weeks) >= 2, "two weeks or more for the capstone"
+    assert not [w for w, chapters in taught.items() if int(w) > capstone_week and chapters]
+
+
+def test_the_instructor_guide_weights_sum_to_100_and_names_what_exists() -> None:
+    """The assessment's weights sum to 100%; every `python -m minillm.labs` command the guide
+    names is one the CLI runs, and every minillm name it gives can be imported."""
+    import importlib
+
+    text = (BOOK / "instructor_guide.md").read_text()
+    assessment = text.split("## Assessment")[1].split("\n## ")[0]
+    weights = [int(w) for w in re.findall(r"^\|[^|]+\| (\d+)% \|", assessment, re.M)]
+    assert len(weights) >= 4 and sum(weights) == 100, weights
+    cli = (ROOT / "minillm" / "labs" / "__main__.py").read_text()
+    for command in set(re.findall(r"python -m minillm\.labs ([\w-]+)", text)):
+        if re.fullmatch(r"ch(NN|\d\d)", command):
+            assert 'argv[0].startswith("ch")' in cli
+        else:
+            assert f'argv[0] == "{command}"' in cli, f"`python -m minillm.labs {command}`: no such"
+    for dotted in set(re.findall(r"`(minillm(?:\.\w+)+)", text)):
+        module, _, name = dotted.rpartition(".")
+        try:
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            found = importlib.util.find_spec(dotted) is not None
+        assert found, f"instructor_guide.md names {dotted}, which minillm does not have"
 
 
 def test_the_engines_appendix_names_each_knob_for_every_engine() -> None:

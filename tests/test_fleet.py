@@ -180,3 +180,18 @@ def test_kv_dtype_bytes_reaches_every_replica_as_in_simulate() -> None:
                      enable_prefix_caching=True)
     assert schedule(fleet.replicas[0].trace) == schedule(alone.trace)
     assert fleet.replicas[0].stats == alone.stats
+
+
+def test_a_fleet_of_one_tensor_parallel_replica_is_the_simulator_at_that_layout() -> None:
+    """tensor_parallel_size reaches every replica: a fleet of one TP-2 replica runs the steps,
+    the KV pool and the metrics of simulate(tensor_parallel_size=2)."""
+    work = workload.poisson(30, 8.0, (200, 900), (8, 64), seed=1)
+    fleet = simulate_fleet(MODEL, HW, work, num_replicas=1, tensor_parallel_size=2)
+    alone = simulate(MODEL, HW, work, tensor_parallel_size=2, record_block_tables=False)
+    assert fleet.config.num_kv_blocks == alone.config.num_kv_blocks
+    assert [o.metrics.token_times for o in fleet.outputs] == \
+        [o.metrics.token_times for o in alone.outputs]
+    one_gpu = simulate_fleet(MODEL, HW, work, num_replicas=1)
+    assert fleet.summary().tpot.p50 < one_gpu.summary().tpot.p50
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        simulate_fleet(MODEL, HW, work, num_replicas=1, tensor_parallel_size=3)

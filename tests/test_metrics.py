@@ -98,3 +98,54 @@ def test_too_few_samples_cannot_bound_a_p99_from_above():
     assert samples_for_percentile(50) < samples_for_percentile(90) < need
     with pytest.raises(ValueError, match="q=100"):
         percentile_interval(100, 100)
+
+
+# ---- the steady-state window ------------------------------------------------------------------
+
+def _served(arrival: float, seconds: float, tokens: int = 10) -> RequestMetrics:
+    times = [arrival + seconds * (i + 1) / tokens for i in range(tokens)]
+    return RequestMetrics(arrival, arrival, times[0], times[-1], times)
+
+
+def test_steady_state_drops_the_drain_that_summarize_counts():
+    """One request a second for 20 s, each done in 1 s, but the last runs 100 s: summarize
+    divides by 120 s; the steady state serves one a second, all of the window's on time."""
+    from minillm.metrics import steady_state
+
+    runs = [_served(float(t), 1.0) for t in range(20)] + [_served(20.0, 100.0)]
+    assert summarize(runs, {"e2e": 2.0}).goodput == pytest.approx(20 / 120)
+    window = steady_state(runs, {"e2e": 2.0})
+    assert (window.start, window.end) == (4.0, 16.0)
+    assert window.requests == 13 and window.attainment == 1.0
+    assert window.goodput == pytest.approx(1.0)
+    assert window.output_throughput == pytest.approx(10.0)
+
+
+def test_steady_state_judges_the_slo_without_the_flattered_ends():
+    """The first and last arrivals met the SLO, the middle ones did not: the window says so."""
+    from minillm.metrics import steady_state
+
+    runs = [_served(float(t), 1.0 if t in (0, 1, 19, 20) else 5.0) for t in range(21)]
+    assert summarize(runs, {"e2e": 2.0}).goodput > 0
+    assert steady_state(runs, {"e2e": 2.0}).goodput == 0.0
+
+
+def test_steady_state_counts_a_long_answer_at_its_share_of_the_tokens():
+    """An answer still running long after the window closed counts its tokens in full: the
+    sustained rate is what the arrivals ask for, not what finished in time."""
+    from minillm.metrics import steady_state
+
+    runs = [_served(float(t), 1.0) for t in range(21)]
+    runs[10] = _served(10.0, 50.0, tokens=500)
+    window = steady_state(runs, {"ttft": 10.0})
+    assert window.requests == 13
+    assert window.output_throughput == pytest.approx((20 * 10 + 500) / 21)
+
+
+def test_steady_state_names_bad_input():
+    from minillm.metrics import steady_state
+
+    with pytest.raises(ValueError, match="trim must be in"):
+        steady_state([_served(0.0, 1.0), _served(1.0, 1.0)], {}, trim=0.5)
+    with pytest.raises(ValueError, match="arrived at once"):
+        steady_state([_served(0.0, 1.0), _served(0.0, 2.0)], {})

@@ -43,9 +43,9 @@ def test_an_8b_on_one_h100_needs_no_tensor_parallelism(small_8b):
 
 
 def test_the_recommended_config_keeps_up_with_the_traffic(small_8b, chat):
-    """Goodput can never beat the rate at which the simulated requests arrived (the run lasts at
-    least from the first arrival to the last), and a config that keeps up finishes them soon
-    after the last one arrives: within 10% of that rate, times the share that met the SLO."""
+    """Goodput can never beat the rate at which the simulated requests arrived, and a config
+    that keeps up serves them at that rate in steady state: within 10% of it, times the share
+    that met the SLO."""
     share = list(chat)[:SIM_REQUESTS]
     arrival_rate = SIM_REQUESTS / (share[-1].arrival_time - share[0].arrival_time)
     assert 0.9 * small_8b.attainment * arrival_rate <= small_8b.goodput <= arrival_rate
@@ -99,8 +99,12 @@ def test_a_priced_gpu_gets_dollars_per_million_tokens():
     priced = dataclasses.replace(HARDWARE["H100-SXM"], dollars_per_hour=3.0)
     specs = workload.poisson(80, 4.0, (100, 500), (50, 200), seed=0)
     rec = recommend("llama-3-8b", priced, specs, LOOSE, gpus=2, sim_requests=40)
-    # By hand: every GPU in use is paid for, each replica makes its simulated tokens per second.
-    tokens_per_hour = rec.summary.output_tokens / rec.summary.duration * rec.replicas * 3600
+    # By hand: every GPU in use is paid for, each replica makes the tokens its share of the
+    # requests asks for, at the rate they arrive (steady state: no drain, no warm-up).
+    share = list(specs)[::rec.replicas][:40]
+    rate = (len(share) - 1) / (share[-1].arrival_time - share[0].arrival_time)
+    mean_output = sum(s.output_len for s in share) / len(share)
+    tokens_per_hour = rate * mean_output * rec.replicas * 3600
     dollars_per_hour = 3.0 * rec.gpus_used
     assert rec.dollars_per_million_tokens == pytest.approx(dollars_per_hour / tokens_per_hour * 1e6)
     assert f"${rec.dollars_per_million_tokens:.3f} per 1M tokens" in rec.reasoning[-1]
@@ -180,3 +184,77 @@ def test_bad_inputs_are_named(kwargs, message):
             "workload": workload.poisson(5, 1.0, 10, 5), "slo": LOOSE, "gpus": 1} | kwargs
     with pytest.raises(ValueError, match=message):
         recommend(**args)
+
+
+# ---- max_num_seqs: raise until the SLO breaks, then back off one step ------------------------
+
+def _fake_runs(breaks_above: int, peak=lambda n: n):
+    """run(n) for climb_max_num_seqs: the SLO holds up to breaks_above seats, and the batch
+    fills peak(n) of the n seats; every call is logged."""
+    from types import SimpleNamespace
+
+    from minillm.trace import StepRecord
+
+    calls = []
+
+    def run(n):
+        calls.append(n)
+        step = StepRecord(step=0, start=0.0, end=1.0, scheduled=[None] * peak(n),
+                          num_free_blocks=0, block_tables={})
+        return SimpleNamespace(attainment=1.0 if n <= breaks_above else 0.5,
+                               deployment=SimpleNamespace(max_num_seqs=n),
+                               result=SimpleNamespace(trace=[step]))
+    return run, calls
+
+
+def test_max_num_seqs_rises_by_quarters_until_the_slo_breaks_then_backs_off():
+    from minillm.recipe import climb_max_num_seqs
+
+    run, calls = _fake_runs(breaks_above=170)
+    chosen = climb_max_num_seqs(run, 100, 0.9)
+    assert calls == [100, 125, 150, 175]  # steps of 100 // 4; 175 breaks the SLO
+    assert chosen.deployment.max_num_seqs == 150  # one step back
+
+
+def test_max_num_seqs_stops_at_twice_the_formula_and_when_the_cap_never_binds():
+    from minillm.recipe import climb_max_num_seqs
+
+    run, calls = _fake_runs(breaks_above=10_000)
+    assert climb_max_num_seqs(run, 40, 0.9).deployment.max_num_seqs == 80
+    assert calls == [40, 50, 60, 70, 80]
+    run, calls = _fake_runs(breaks_above=10_000, peak=lambda n: min(n, 55))
+    assert climb_max_num_seqs(run, 40, 0.9).deployment.max_num_seqs == 60
+    assert calls == [40, 50, 60]  # at 60 the batch peaked at 55: a higher cap changes nothing
+
+
+def test_max_num_seqs_falls_by_the_same_steps_when_the_formula_breaks_the_slo():
+    from minillm.recipe import climb_max_num_seqs
+
+    run, calls = _fake_runs(breaks_above=60)
+    assert climb_max_num_seqs(run, 100, 0.9).deployment.max_num_seqs == 50
+    assert calls == [100, 75, 50]
+
+
+# ---- quantization as a recipe step ------------------------------------------------------------
+
+def test_int8_weights_halve_the_tp_a_70b_needs(chat):
+    """Step 1 for 4,096-token requests: 70 GB of int8 weights fit two H100s with room for the
+    K/V of four; bf16's 141 GB need four GPUs. The whole recipe carries the scheme into its
+    deployment and its reasoning."""
+    from minillm.models import as_config
+    from minillm.recipe import choose_layout
+
+    config, longest = as_config("llama-3-70b"), 4096
+    bf16 = choose_layout(config, HARDWARE["H100-SXM"], 8, longest, [])
+    int8 = choose_layout(config, HARDWARE["H100-SXM"], 8, longest, [], quantization="int8")
+    assert (bf16.tensor_parallel_size, int8.tensor_parallel_size) == (4, 2)
+    rec = recommend("llama-3-70b", "H100-SXM", chat, LOOSE, gpus=8, sim_requests=SIM_REQUESTS,
+                    quantization="int8")
+    assert rec.deployment.quantization == "int8"
+    assert rec.reasoning[0].startswith("Quantization 'int8': 1 bytes a weight")
+    assert rec.reasoning[1].startswith("TP 2: the weights take 35.3 GB per GPU")
+
+
+def test_fp8_is_refused_by_the_recipe_on_an_a100(chat):
+    with pytest.raises(ValueError, match="needs FP8 tensor cores"):
+        recommend("llama-3-8b", "A100-80GB", chat, LOOSE, gpus=1, quantization="fp8")

@@ -16,6 +16,7 @@ import pytest
 from minillm import roofline
 from minillm.spec.cost import (
     best_num_speculative_tokens,
+    check_fits,
     expected_tokens_per_step,
     speculative_speedup,
     speculative_step_time,
@@ -110,3 +111,51 @@ def test_best_k_is_the_argmax_and_grows_with_the_acceptance_rate() -> None:
     k_big_batch, _ = best_num_speculative_tokens(TARGET, GPU, 256, 256, 0.8, draft=DRAFT)
     assert k_big_batch < k
     assert best_num_speculative_tokens(TARGET, GPU, 1024, 256, 0.3, draft=DRAFT) == (0, 1.0)
+
+
+def test_each_draft_forward_is_a_step_of_its_own_with_its_fixed_cost() -> None:
+    # The draft's k forwards: each reads the draft's weights and its own K/V (which grows by a
+    # token a forward) and pays draft_overhead, a fixed cost the roofline does not see.
+    free = speculative_step_time(TARGET, GPU, 4, 512, 4, draft=DRAFT)
+    dear = speculative_step_time(TARGET, GPU, 4, 512, 4, draft=DRAFT, draft_overhead=0.5e-3)
+    assert len(dear.draft_steps) == 4
+    for i, step in enumerate(dear.draft_steps):
+        alone = roofline.decode_step_time(DRAFT, GPU, 4, 512 + i, overhead=0.5e-3)
+        assert step == alone
+        assert step.bytes > roofline.decode_step_time(DRAFT, GPU, 4, 1).bytes  # its K/V too
+    assert dear.draft_time == pytest.approx(free.draft_time + 4 * 0.5e-3)
+    assert dear.verify == free.verify  # the target's forward is not the draft's cost
+    assert speculative_step_time(TARGET, GPU, 4, 512, 4, draft_overhead=1.0).draft_time == 0.0
+    # At batch 1 a 1B draft's roofline forward is ~0.75 ms; half a millisecond more a forward
+    # (4 of them) takes the modelled speedup from ~2.0x to ~1.6x.
+    assert speculative_speedup(TARGET, GPU, 1, 512, 4, 0.8, DRAFT) > 1.9
+    assert speculative_speedup(TARGET, GPU, 1, 512, 4, 0.8, DRAFT, draft_overhead=0.5e-3) < 1.7
+    with pytest.raises(ValueError, match="draft_overhead must be >= 0 seconds a forward"):
+        speculative_step_time(TARGET, GPU, 1, 512, 4, draft=DRAFT, draft_overhead=-1.0)
+
+
+def test_a_batch_that_does_not_fit_is_refused_with_the_numbers() -> None:
+    # Exercise 10.3's old ask: batch 512 at 1k context on an 80 GB H100. The target alone needs
+    # 16.1 GB of weights + 69 GB of K/V; with a 1B draft, 18.5 + 86 GB.
+    with pytest.raises(ValueError, match=r"batch 512 at 1,028 tokens .* H100-SXM: target and "
+                       r"draft weights 18.5 GB \+ K/V 86.2 GB = 104.8 GB > 80 GB"):
+        speculative_speedup(TARGET, GPU, 512, 1024, 4, 0.8, DRAFT)
+    with pytest.raises(ValueError, match=r"target weights 16.1 GB \+ K/V 69"):
+        speculative_speedup(TARGET, GPU, 512, 1024, 4, 0.8)
+    with pytest.raises(ValueError, match="does not fit"):
+        best_num_speculative_tokens(TARGET, GPU, 512, 1024, 0.8)
+    check_fits(TARGET, GPU, 256, 1028, DRAFT)  # half that batch fits, draft and all
+    # The draft's K/V counts: a batch the target alone fits can fail with the draft.
+    check_fits(TARGET, GPU, 440, 1028)
+    with pytest.raises(ValueError, match="target and draft"):
+        check_fits(TARGET, GPU, 440, 1028, DRAFT)
+    # fp8 K/V halve the cache: the old ask fits then.
+    assert speculative_speedup(TARGET, GPU, 512, 1024, 4, 0.8, kv_dtype_bytes=1) > 0
+    # best_num_speculative_tokens skips a k whose lookahead no longer fits, and keeps the rest:
+    # batch 471 at 1,024 tokens fits a lookahead of up to 11 tokens a sequence.
+    check_fits(TARGET, GPU, 471, 1024 + 11)
+    with pytest.raises(ValueError):
+        check_fits(TARGET, GPU, 471, 1024 + 12)
+    every = {j: speculative_speedup(TARGET, GPU, 471, 1024, j, 0.99) for j in range(1, 12)}
+    best = max(every, key=every.get)
+    assert best_num_speculative_tokens(TARGET, GPU, 471, 1024, 0.99) == (best, every[best])

@@ -11,8 +11,14 @@ from minillm.spec.lossless import (
     VOCAB,
     chi_square,
     exact_pairs,
+    exact_position_pairs,
+    exact_sequences,
+    position_pairs,
+    proposes_nothing,
     sample_pairs,
+    sample_sequences,
     shift_mass,
+    shift_power,
     tiny_engine,
 )
 
@@ -71,3 +77,61 @@ def test_chi_square_pools_rare_cells_and_names_bad_input() -> None:
         chi_square(torch.ones(2), torch.tensor([0.5, 0.6]))
     with pytest.raises(ValueError, match="method"):
         lossless.tiny_engine("medusa")
+
+
+# ---- every emitted position (k = 2: tokens 0..3, the first verification's bonus included) ------
+
+LENGTH = 4  # the prefill's token, then the first verification's k = 2 proposals and its bonus
+
+
+def test_exact_sequences_is_the_joint_and_its_pairs_agree_with_exact_pairs() -> None:
+    joint = exact_sequences(LENGTH)
+    assert joint.shape == (VOCAB,) * LENGTH
+    assert abs(float(joint.sum()) - 1) < 1e-5
+    first = exact_position_pairs(joint)[0]
+    assert torch.allclose(first, exact_pairs(), atol=1e-4)  # position 1: the old check's pairs
+
+
+def test_a_wrong_bonus_token_is_seen_at_the_last_position_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rule right at every proposal whose bonus token (drawn when both proposals passed) is
+    # off by one: the pair test at position 1, all the check had before, cannot see it.
+    from minillm.spec import rejection
+
+    real = rejection.verify
+
+    def wrong_bonus(logits, proposals, draft_probs, params, generators):
+        emitted = real(logits, proposals, draft_probs, params, generators)
+        return [e[:-1] + [(e[-1] + 1) % VOCAB] if d and len(e) == len(d) + 1 else e
+                for d, e in zip(proposals, emitted)]
+
+    monkeypatch.setattr("minillm.spec.decoder.verify", wrong_bonus)
+    pairs = position_pairs(sample_sequences(tiny_engine("draft_model", k=2), NUM_SAMPLES, LENGTH))
+    exact = exact_position_pairs(exact_sequences(LENGTH))
+    rejects = [chi_square(c, e).rejects for c, e in zip(pairs, exact)]
+    assert rejects[0] is False and rejects[-1] is True, rejects
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_every_position_follows_the_target(method: str) -> None:
+    sequences = sample_sequences(tiny_engine(method, k=2), NUM_SAMPLES, LENGTH)
+    assert sequences.shape == (NUM_SAMPLES, LENGTH)
+    exact = exact_position_pairs(exact_sequences(LENGTH))
+    assert not any(chi_square(c, e).rejects for c, e in zip(position_pairs(sequences), exact))
+
+
+def test_the_shift_checks_power_grows_with_the_samples() -> None:
+    exact = exact_position_pairs(exact_sequences(LENGTH))
+    power = {n: [shift_power(e, n, trials=400) for e in exact] for n in (1000, 3000)}
+    assert all(p < 0.9 for p in power[1000])  # 1,000 samples would miss a 5% shift often
+    assert all(p >= 0.99 for p in power[3000])  # the chapter's 3,000 see it
+
+
+def test_prompt_lookup_proposes_nothing_after_most_first_tokens() -> None:
+    # PROMPT = 1 2 3 1 2 3 1 2: a match exists only after a first token of 1, 2 or 3.
+    assert proposes_nothing(torch.tensor([1, 2, 3])) == 0.0
+    assert proposes_nothing(torch.tensor([0, 4, 5, 6, 7, 1])) == pytest.approx(5 / 6)
+    first = sample_sequences(tiny_engine(None), 500, 2)[:, 0]
+    assert proposes_nothing(first) > 0.5  # the tiny target mostly starts outside {1, 2, 3}
+    with pytest.raises(ValueError, match="length must be an int >= 2"):
+        sample_sequences(tiny_engine(None), 1, 1)

@@ -3,11 +3,14 @@
 peak_memory measures what a function allocates on this machine, from torch's own allocator
 events. hbm_bytes_naive and hbm_bytes_tiled count the bytes a GPU moves between its HBM and its
 on-chip SRAM for one attention forward pass, as the IO analysis of FlashAttention does (Dao et
-al. 2022, section 3.2); attention_cost prices both on a Hardware's roofline. MEASURED_H200 holds
-what our Triton kernels reached on an H200.
+al. 2022, section 3.2); attention_cost prices both on a Hardware's roofline. hbm_bytes_decode
+counts one decode step's bytes, where the K/V stream, not the scores, is the traffic.
+MEASURED_H200 records what our Triton kernels reached on an H200, and at which commit.
 
-Shapes: N tokens attend to N keys (a prefill, not causal: the count of the paper), D head dim, H
-heads; dtype_bytes is the size of one element of Q, K, V, the scores and O.
+Symbols as on the book's notation page: a prefill of S tokens, T = S queries attending to S keys
+(not causal: the count of the paper, which calls both N), D head dim, H query heads, K KV heads;
+R the query rows of one tile, M the SRAM of one SM in elements. dtype_bytes is the size of one
+element of Q, K, V, the scores and O.
 """
 
 from __future__ import annotations
@@ -73,29 +76,31 @@ def _without_profiler_log() -> Iterator[None]:
                                      if not line.startswith(("USDT:", "STAGE:"))))
 
 
-def _check(N: int, D: int, H: int, dtype_bytes: float) -> None:
-    for name, value in (("N", N), ("D", D), ("H", H)):
+def _check(S: int, D: int, H: int, dtype_bytes: float) -> None:
+    for name, value in (("S", S), ("D", D), ("H", H)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if not dtype_bytes > 0:
         raise ValueError(f"dtype_bytes must be > 0 (2 for bf16), got {dtype_bytes!r}")
 
 
-def hbm_bytes_naive(N: int, D: int, H: int, dtype_bytes: float) -> float:
-    """Bytes standard attention moves through HBM: 4·N·D + 4·N² elements per head.
+def hbm_bytes_naive(S: int, D: int, H: int, dtype_bytes: float) -> float:
+    """Bytes standard attention moves through HBM for S tokens: 4·S·D + 4·S² elements per head.
 
-    The three kernels of the paper's Algorithm 0: S = Q Kᵀ reads Q and K (2·N·D) and writes
-    S (N²); P = softmax(S) reads S and writes P (2·N²); O = P V reads P and V (N² + N·D) and
-    writes O (N·D). The N² terms dominate from N > D on.
+    The three kernels of the paper's Algorithm 0: the scores Q Kᵀ read Q and K (2·S·D) and write
+    the S x S scores (S²); the softmax reads them and writes the probabilities (2·S²); the
+    output, probabilities x V, reads them and V (S² + S·D) and writes O (S·D). The S² terms
+    dominate from S > D on.
     """
-    _check(N, D, H, dtype_bytes)
-    return H * dtype_bytes * (4 * N * D + 4 * N * N)
+    _check(S, D, H, dtype_bytes)
+    return H * dtype_bytes * (4 * S * D + 4 * S * S)
 
 
 def tile_rows(D: int, dtype_bytes: float, sram_bytes: int) -> int:
-    """Rows B of the square tiles a program holds in sram_bytes: the query tile Qᵢ, the key and
-    value tiles Kⱼ, Vⱼ and the output accumulator Oᵢ, four B × D tiles (the B × B scores stay in
-    registers). B = ⌊M / (4·D·dtype_bytes)⌋, the paper's M/(4d) with M in bytes."""
+    """Rows R of the square tiles a program holds in sram_bytes: the query tile Qᵢ, the key and
+    value tiles Kⱼ, Vⱼ and the output accumulator Oᵢ, four R × D tiles (the R × R scores stay in
+    registers). R = ⌊M / (4·D)⌋ for M = sram_bytes / dtype_bytes elements: the paper's M/(4d),
+    its B_r and B_c."""
     rows = int(sram_bytes // (4 * D * dtype_bytes))
     if rows < 1:
         raise ValueError(f"{sram_bytes} bytes of SRAM cannot hold four 1 x {D} tiles of "
@@ -103,25 +108,44 @@ def tile_rows(D: int, dtype_bytes: float, sram_bytes: int) -> int:
     return rows
 
 
-def hbm_bytes_tiled(N: int, D: int, H: int, dtype_bytes: float, sram_bytes: int) -> float:
-    """Bytes tiled (flash) attention moves through HBM, in our kernels' loop order.
+def hbm_bytes_tiled(S: int, D: int, H: int, dtype_bytes: float, sram_bytes: int) -> float:
+    """Bytes tiled (flash) attention moves through HBM for S tokens, in our kernels' loop order.
 
-    Each program owns one query tile of B rows (tile_rows): it reads Qᵢ once, streams every key
-    and value tile past it, and writes Oᵢ once. Per head: N·D (Q) + N·D (O) + ⌈N/B⌉·2·N·D (K and
-    V, read again by each of the ⌈N/B⌉ query tiles) elements. With B ∝ M/D the re-reads are
-    Θ(N²·D²/M), FlashAttention's bound; the scores never reach HBM. Every re-read is counted as
-    an HBM read: pessimistic on a GPU whose L2 cache keeps the K/V tiles between programs.
+    Each program owns one query tile of R rows (tile_rows): it reads Qᵢ once, streams every key
+    and value tile past it, and writes Oᵢ once. Per head: S·D (Q) + S·D (O) + ⌈S/R⌉·2·S·D (K and
+    V, read again by each of the ⌈S/R⌉ query tiles) elements. With R = M/(4D) the re-reads are
+    8·S²·D²/M: Θ(S²·D²/M), FlashAttention's bound, D² included; the scores never reach HBM.
+    Every re-read is counted as an HBM read: pessimistic on a GPU whose L2 cache keeps the K/V
+    tiles between programs.
     """
-    _check(N, D, H, dtype_bytes)
-    query_tiles = math.ceil(N / tile_rows(D, dtype_bytes, sram_bytes))
-    return H * dtype_bytes * (2 * N * D + query_tiles * 2 * N * D)
+    _check(S, D, H, dtype_bytes)
+    query_tiles = math.ceil(S / tile_rows(D, dtype_bytes, sram_bytes))
+    return H * dtype_bytes * (2 * S * D + query_tiles * 2 * S * D)
 
 
-def attention_flops(N: int, D: int, H: int) -> float:
-    """FLOPs of the two matmuls, Q Kᵀ and P V: 2·N²·D each, per head (the softmax's few
-    operations per score are left out, as the roofline's peak counts matmuls only)."""
-    _check(N, D, H, 1)
-    return 4.0 * H * N * N * D
+def hbm_bytes_decode(S: int, D: int, H: int, K: int, dtype_bytes: float,
+                     materialized: bool = False) -> float:
+    """Bytes one decode step's attention moves through HBM for one sequence: its one query
+    token (H heads) over S cached positions of K KV heads.
+
+    Either way it reads the K/V cache once, 2·S·K·D elements, and reads q and writes o, 2·H·D.
+    materialized=True adds what standard attention does with the H x S scores: writes them,
+    reads them for the softmax, writes the probabilities and reads them back, 4·H·S elements.
+    Both are linear in S: the scores FlashAttention keeps on chip are 2·H/(K·D) of the K/V
+    stream (6% at Llama-3's H/K = 4, D = 128), so tiling cannot be what relieves decode.
+    """
+    _check(S, D, H, dtype_bytes)
+    if not isinstance(K, int) or K < 1 or H % K:
+        raise ValueError(f"K (KV heads) must be a positive int dividing H = {H}, got {K!r}")
+    elements = 2 * S * K * D + 2 * H * D + (4 * H * S if materialized else 0)
+    return dtype_bytes * elements
+
+
+def attention_flops(S: int, D: int, H: int) -> float:
+    """FLOPs of the two matmuls, Q Kᵀ and probabilities x V: 2·S²·D each, per head (the
+    softmax's few operations per score are left out, as the roofline's peak counts matmuls)."""
+    _check(S, D, H, 1)
+    return 4.0 * H * S * S * D
 
 
 def sram_bytes_of(hw: Hardware | str) -> int:
@@ -133,29 +157,31 @@ def sram_bytes_of(hw: Hardware | str) -> int:
     return SRAM_PER_SM[name]
 
 
-def attention_cost(N: int, D: int, H: int, hw: Hardware | str, dtype_bytes: float = 2,
+def attention_cost(S: int, D: int, H: int, hw: Hardware | str, dtype_bytes: float = 2,
                    sram_bytes: int | None = None) -> tuple[StepCost, StepCost]:
-    """(naive, tiled) costs of one forward pass of N x N attention on hw's roofline (modelled):
+    """(naive, tiled) costs of one forward pass of S x S attention on hw's roofline (modelled):
     roofline.StepCost, whose bytes are the HBM traffic counted above."""
     hw = get_hardware(hw)
     sram = sram_bytes_of(hw) if sram_bytes is None else sram_bytes
-    flops = attention_flops(N, D, H)
+    flops = attention_flops(S, D, H)
 
     def cost(nbytes: float) -> StepCost:
         compute_time, memory_time = flops / hw.flops, nbytes / hw.bandwidth
         return StepCost(flops, nbytes, compute_time, memory_time, 0.0,
                         max(compute_time, memory_time))
 
-    return (cost(hbm_bytes_naive(N, D, H, dtype_bytes)),
-            cost(hbm_bytes_tiled(N, D, H, dtype_bytes, sram)))
+    return (cost(hbm_bytes_naive(S, D, H, dtype_bytes)),
+            cost(hbm_bytes_tiled(S, D, H, dtype_bytes, sram)))
 
 
 @dataclass(frozen=True)
 class KernelFigures:
-    """What our Triton attention kernels reached on one GPU, measured, and how.
+    """What our Triton attention kernels reached on one GPU, measured there, and how: a record
+    for a reader without that GPU, not a figure of the machine that reads it.
 
     decode_bandwidth: bytes/s of K/V the paged decode kernel read; prefill_flops: FLOP/s of the
-    extend kernel on a whole prompt. workload, software and commit say what measured them.
+    extend kernel on a whole (causal) prompt. workload, software and commit say what measured
+    them, and when.
     """
 
     gpu: str
@@ -172,7 +198,9 @@ class KernelFigures:
 
 
 # `python -m minillm.bench tiles` on an H200 chose the sm_90 tiles in minillm.attention.tiles
-# with these figures (its docstring), at the commit that recorded them.
+# with these figures (its docstring), at the commit that recorded them. The same commit's
+# `bench kernels` run gave 4,427 GB/s (1.04 x a device-to-device copy of that run) and
+# 338 TFLOP/s (0.47 x a dense bf16 matmul of that run).
 MEASURED_H200 = KernelFigures(
     gpu="H200", decode_bandwidth=4431e9, prefill_flops=339e12,
     workload="Llama-3-8B heads (32 query, 8 KV, D = 128), bf16; decode: batch 64 x 4k "

@@ -10,6 +10,7 @@ From a shell::
     python -m minillm.labs grade 00_tour.ipynb   # run a student's notebook, grade it in one table
     python -m minillm.labs answers ch00          # reference solutions and model answers
     python -m minillm.labs strip-solutions DIR   # a repository copy for students, without them
+    python -m minillm.labs capstone "NAME"       # that student's own capstone brief
     python -m minillm.labs ch00                  # the chapter's lab tests (pytest -m ch00), which
                                                  # check each grader on right and wrong answers
 

@@ -5,6 +5,7 @@
                                                  exercise in one table (exit 1 if any fails)
     python -m minillm.labs answers chNN          reference solutions and model answers of NN
     python -m minillm.labs strip-solutions DIR   make the repository copy DIR a student handout
+    python -m minillm.labs capstone "NAME"       a student's own capstone brief (exercise 11.2)
 """
 
 from __future__ import annotations
@@ -73,6 +74,24 @@ def strip(folder: str) -> int:
     return 0
 
 
+def capstone(student: str) -> int:
+    """Print the student's brief, how to load it, and the rubric the reasoning is graded on."""
+    from minillm.capstone import student_scenario
+    from minillm.labs.ch11 import rubric_text
+
+    try:
+        scenario = student_scenario(student)
+    except ValueError as err:
+        print(err)
+        return 2
+    print(scenario.describe())
+    print(f"\nIn Python: minillm.capstone.student_scenario({student!r}). Answer "
+          f"check(\"11.2\", answer) with 'student': {student!r} in the answer; the grader "
+          "checks what your deployment achieves on this brief, and your instructor grades the "
+          "reasoning on this rubric:\n" + rubric_text())
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 1 and argv[0].startswith("ch") and argv[0][2:].isdigit():
         return run_lab(argv[0])
@@ -82,6 +101,8 @@ def main(argv: list[str]) -> int:
         return answers(argv[1])
     if len(argv) == 2 and argv[0] == "strip-solutions":
         return strip(argv[1])
+    if len(argv) == 2 and argv[0] == "capstone":
+        return capstone(argv[1])
     print("usage:\n" + USAGE)
     return 2
 

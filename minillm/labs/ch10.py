@@ -1,11 +1,13 @@
 """Graded exercises of chapter 10 (faster decode): the acceptance rule and an int8 quantizer.
 
 10.1: the reader's acceptance rule for one request, accept(p, q, proposals, generator) -> the
-tokens it emits. Graded three ways: greedy cases (one-hot p) with known answers; many draws on a
-small vocabulary, where the first emitted token must follow p (chi-square, minillm.spec.lossless)
-and proposals must be accepted as often as the rule allows (sum of min(p, q)); and inside the
-engine, in place of minillm.spec.rejection.verify, on the tiny random model: greedy tokens equal
-to a plain run's, sampled pairs that pass the chapter's chi-square test.
+tokens it emits. Graded three ways: greedy cases (one-hot p) with known answers; many draws of
+k = 2 proposals on a small vocabulary, where every emitted position must follow its row of p
+(chi-square, minillm.spec.lossless): the first token, the second (an accepted proposal or a
+residual draw) and the bonus token, and proposals must be accepted as often as the rule allows
+(sum of min(p, q) at each position); and inside the engine, in place of
+minillm.spec.rejection.verify, on the tiny random model: greedy tokens equal to a plain run's,
+and sampled sequences whose every position passes the chapter's chi-square test.
 
 10.2: the reader's per-output-channel symmetric int8 quantizer, quantize(weight) -> (q, scale).
 Graded on matrices with an outlier row and an all-zero row: dtypes and shapes, the error bound
@@ -26,6 +28,7 @@ from minillm.labs.exercise import Exercise, expect_callable
 
 ACCEPT_SIGNATURE = "accept(p, q, proposals, generator) -> list of emitted token ids"
 NUM_DRAWS = 12000  # per distribution case: a 5% error in the first token's law is seen
+ENGINE_SAMPLES = 1500  # sequences of 4 tokens sampled in the engine with the reader's rule
 
 
 def _rows(values: list[list[float]]) -> torch.Tensor:
@@ -33,13 +36,16 @@ def _rows(values: list[list[float]]) -> torch.Tensor:
     return t / t.sum(dim=-1, keepdim=True)
 
 
-# Sampled cases on a 5-token vocabulary: (p (k+1, V), q (k, V)). The first has a draft that
-# overrates token 0; the second a one-hot q (prompt lookup) on a token the target rates at 0.3.
+# Sampled cases on a 5-token vocabulary, k = 2: (p (k+1, V), q (k, V)). The first has a draft
+# that overrates token 0, then token 4; the second one-hot q (prompt lookup) on tokens the
+# target rates at 0.3 and 0.2, so the bonus row p[2] is reached in ~6% of the draws.
 CASES = [
-    (_rows([[0.1, 0.3, 0.35, 0.15, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]]),
-     _rows([[0.6, 0.1, 0.1, 0.1, 0.1]])),
-    (_rows([[0.3, 0.4, 0.1, 0.1, 0.1], [0.5, 0.1, 0.1, 0.2, 0.1]]),
-     _rows([[1.0, 0.0, 0.0, 0.0, 0.0]])),
+    (_rows([[0.1, 0.3, 0.35, 0.15, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2],
+            [0.4, 0.1, 0.1, 0.1, 0.3]]),
+     _rows([[0.6, 0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1, 0.6]])),
+    (_rows([[0.3, 0.4, 0.1, 0.1, 0.1], [0.5, 0.1, 0.1, 0.2, 0.1],
+            [0.1, 0.2, 0.3, 0.2, 0.2]]),
+     _rows([[1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]])),
 ]
 
 
@@ -84,37 +90,57 @@ def _check_greedy(accept: Callable) -> None:
 
 
 def _check_distribution(accept: Callable) -> None:
+    """Every emitted position t (0 .. k: the first token, the second, the bonus) of the draws
+    that reach it must follow p[t]: the rows of p do not depend on the tokens before them, so a
+    lossless rule emits each position as a plain sample from its row would."""
     from minillm.spec.lossless import chi_square
 
     for case, (p, q) in enumerate(CASES):
-        d_weights = q[0]
+        k, vocab = q.shape
         gen = torch.Generator().manual_seed(1000 + case)
-        counts, accepted = torch.zeros(p.shape[1]), 0
+        counts = torch.zeros(k + 1, vocab)  # counts[t]: the token at position t, where emitted
+        reached, accepted = [0] * k, [0] * k
         for _ in range(NUM_DRAWS):
-            d = int(torch.multinomial(d_weights, 1, generator=gen))
-            out = _emitted(accept, p, q, [d], gen)
-            counts[out[0]] += 1
-            accepted += len(out) == 2
-        rate, allowed = accepted / NUM_DRAWS, float(torch.minimum(p[0], q[0]).sum())
-        law = [round(float(c) / NUM_DRAWS, 3) for c in counts]
-        target = [round(float(x), 3) for x in p[0]]
-        if chi_square(counts, p[0]).rejects:
-            if rate > allowed + 0.05:
+            proposals = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(k)]
+            out = _emitted(accept, p, q, proposals, gen)
+            for t, token in enumerate(out):
+                counts[t, token] += 1
+            for i in range(min(len(out), k)):  # proposal i was reached: all before it passed
+                reached[i] += 1
+                accepted[i] += i < len(out) - 1
+        rate, allowed = accepted[0] / NUM_DRAWS, float(torch.minimum(p[0], q[0]).sum())
+        for t in range(k + 1):
+            n = float(counts[t].sum())
+            if n == 0:  # never reached (a rule that rejects everything): the rate check below
+                continue
+            law = [round(float(c) / n, 3) for c in counts[t]]
+            target = [round(float(x), 3) for x in p[t]]
+            if not chi_square(counts[t], p[t]).rejects:
+                continue
+            where = {0: "the first emitted token", k: f"position {t} (the bonus, or a draw "
+                     "at the last proposal's rejection)"}.get(t, f"position {t}")
+            if t == 0 and rate > allowed + 0.05:
                 why = ("you accept more often than min(1, p(d) / q(d)) allows: the proposer's "
                        "distribution leaks into the output")
-            elif rate > allowed - 0.05:
+            elif t == 0 and rate > allowed - 0.05:
                 why = ("you accept at the right rate, so look at the replacement: draw it from "
                        "the residual max(0, p - q), renormalised, not from p (p already gave "
                        "its share min(p, q) through the accepted proposals)")
-            else:
+            elif t == 0:
                 why = "accept d with probability min(1, p(d) / q(d)), with a fresh uniform draw"
+            else:
+                why = (f"row {t} of p governs position {t}: check the rule at every proposal, "
+                       "not just the first, and draw the bonus from p[k] when all k passed")
             raise AssertionError(
-                f"case {case + 1}: the first emitted token follows {law}, the target p is "
-                f"{target} (chi-square rejects it over {NUM_DRAWS} draws): {why}")
-        assert abs(rate - allowed) < 0.03, (
-            f"case {case + 1}: you accepted {rate:.1%} of the proposals; the rule accepts "
-            f"sum(min(p, q)) = {allowed:.1%}. The output law is right, but accepting less "
-            "throws speed away: accept d with probability min(1, p(d) / q(d))")
+                f"case {case + 1}: {where} follows {law}, the target p[{t}] is {target} "
+                f"(chi-square rejects it over {n:.0f} draws that reached it): {why}")
+        for i in (i for i in range(k) if reached[i]):
+            rate_i, allowed_i = accepted[i] / reached[i], float(torch.minimum(p[i], q[i]).sum())
+            assert abs(rate_i - allowed_i) < 0.03, (
+                f"case {case + 1}: you accepted {rate_i:.1%} of the proposals at position "
+                f"{i + 1}; the rule accepts sum(min(p, q)) = {allowed_i:.1%}. The output law is "
+                "right, but accepting less throws speed away: accept d with probability "
+                "min(1, p(d) / q(d))")
 
 
 def _as_verify(accept: Callable) -> Callable:
@@ -144,7 +170,14 @@ def _as_verify(accept: Callable) -> Callable:
 
 def _check_in_engine(accept: Callable) -> None:
     from minillm.sampling import SamplingParams
-    from minillm.spec.lossless import chi_square, exact_pairs, sample_pairs, tiny_engine
+    from minillm.spec.lossless import (
+        chi_square,
+        exact_position_pairs,
+        exact_sequences,
+        position_pairs,
+        sample_sequences,
+        tiny_engine,
+    )
 
     def greedy_tokens(method: str | None) -> list[list[int]]:
         engine = tiny_engine(method)
@@ -161,11 +194,13 @@ def _check_in_engine(accept: Callable) -> None:
             assert greedy_tokens(method) == plain, (
                 f"in the engine ({method}), greedy tokens differ from a plain run's: under greedy "
                 "decoding the rule must emit exactly the target's argmax tokens")
-        counts = sample_pairs(tiny_engine("draft_model"), 1500)
-    assert not chi_square(counts, exact_pairs()).rejects, (
-        "in the engine, the sampled first two tokens of the tiny model do not follow the "
-        "target's distribution (chi-square rejects): check the rule on several proposals, "
-        "stopping at the first rejection")
+        sequences = sample_sequences(tiny_engine("draft_model", k=2), ENGINE_SAMPLES, 4)
+    exact = exact_position_pairs(exact_sequences(4))
+    for t, (counts, probs) in enumerate(zip(position_pairs(sequences), exact), start=1):
+        assert not chi_square(counts, probs).rejects, (
+            f"in the engine (k = 2), the tiny model's sampled tokens at positions {t - 1} and "
+            f"{t} do not follow the target's distribution (chi-square rejects): check the rule "
+            "on every proposal, stopping at the first rejection, and the bonus token")
 
 
 def grade_accept(accept: Any) -> str:
@@ -173,8 +208,9 @@ def grade_accept(accept: Any) -> str:
     _check_distribution(accept)
     _check_greedy(accept)
     _check_in_engine(accept)
-    return ("greedy cases right, the first token follows p over "
-            f"{len(CASES) * NUM_DRAWS:,} draws at the rule's acceptance rate, and inside the "
+    return ("greedy cases right, every emitted position (the bonus too) follows its row of p "
+            f"over {len(CASES) * NUM_DRAWS:,} draws of k = 2 proposals at the rule's acceptance "
+            "rate, and inside the "
             "engine the tiny model's tokens are unchanged. Speculation changes the speed, never "
             "the distribution")
 

@@ -64,7 +64,7 @@ def _difference(got: torch.Tensor, want: torch.Tensor, against: str = "float64 a
 
 
 def _fold(update: Callable, tiles: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple:
-    """Call update on copies, from a fresh state, for each (scores (H, M, n), v (H, n, D)) tile;
+    """Call update on copies, from a fresh state, for each (scores (H, R, J), v (H, J, D)) tile;
     each result checked for type, shapes and dtype. The final (m, l, acc)."""
     (H, M, _), dt, D = tiles[0][0].shape, tiles[0][0].dtype, tiles[0][1].shape[-1]
     state = (torch.full((H, M), float("-inf"), dtype=dt), torch.zeros(H, M, dtype=dt),
@@ -212,7 +212,7 @@ def _merge_hint(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: 
 
 def _merged(merge: Callable, outs: torch.Tensor, lses: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reader's merge of outs (P, H, T, D) and lses (P, H, T), asserted right on them."""
+    """The reader's merge of outs (Z, H, T, D) and lses (Z, H, T), asserted right on them."""
     got = merge(outs.clone(), lses.clone())
     assert isinstance(got, (tuple, list)) and len(got) == 2 and all(
         isinstance(x, torch.Tensor) for x in got), (
@@ -234,7 +234,7 @@ def _merged(merge: Callable, outs: torch.Tensor, lses: torch.Tensor
 
 def _split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """outs (P, H, T, D) and lses (P, H, T) of attention over each key range [a, b) of bounds;
+    """outs (Z, H, T, D) and lses (Z, H, T) of attention over each key range [a, b) of bounds;
     an empty range as the decode kernel writes it (out 0, lse -inf)."""
     parts = [ref.tiled_attention(q, k[:, a:b], v[:, a:b], causal=False, block_n=32,
                                  return_lse=True) if b > a else
@@ -276,12 +276,13 @@ def grade_merge_splits(merge: Any) -> str:
 
 EXERCISES = [
     Exercise("12.1", "The online-softmax update",
-             f"Write {UPDATE}: fold one tile of scores (..., M, n), already scaled and -inf "
-             "where masked, and its values v (..., n, D) into the running max m (..., M), the "
-             "running sum l of exp(score - m) and the unnormalised output acc (..., M, D).",
+             f"Write {UPDATE}: fold one tile of scores (..., R, J) (R query rows, J keys), already "
+             "scaled and -inf where masked, and its values v (..., J, D) into the running max m "
+             "(..., R), the running sum l of exp(score - m) and the unnormalised output acc "
+             "(..., R, D).",
              grade_online_softmax_update),
     Exercise("12.2", "The split-KV merge",
-             f"Write {MERGE}: outs (P, ..., D) are attention outputs over P disjoint key ranges, "
-             "each normalised over its own range, lses (P, ...) their log-sum-exps; return the "
-             "output over all the keys and its log-sum-exp.", grade_merge_splits),
+             f"Write {MERGE}: outs (Z, ..., D) are attention outputs over Z disjoint key ranges "
+             "(splits), each normalised over its own range, lses (Z, ...) their log-sum-exps; "
+             "return the output over all the keys and its log-sum-exp.", grade_merge_splits),
 ]

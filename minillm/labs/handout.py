@@ -8,6 +8,10 @@
   of the repository into a student handout by deleting minillm/labs/solutions/, the test files
   that import it at module level, and the git history (which holds the solutions too). The
   graders (check, grade, the chapter labs) never import the solutions, so they keep working.
+  The capstone (exercise 11.2) has no answer key at all: each student's brief is drawn from
+  their name (minillm.capstone.student_scenario), the grader works its bar out with the
+  library's recommend() when it grades, and the one worked answer with written reasoning, for
+  one name, is a solution like the others (tests/test_ch11_capstone_handout.py).
 """
 
 from __future__ import annotations

@@ -2,17 +2,20 @@
 
 config: SpeculativeConfig (LLM(speculative_config={...})).
 cost: the tokens a target step yields (expected_tokens_per_step) and their price on the roofline
-    (speculative_step_time, speculative_speedup, best_num_speculative_tokens).
+    (speculative_step_time, speculative_speedup, best_num_speculative_tokens), refusing a
+    batch whose weights and K/V do not fit (check_fits).
 simulate: the simulator's stand-in for proposing and checking (imported by minillm.simulator).
 """
 
 from minillm.spec.config import SpeculativeConfig
 from minillm.spec.cost import (
     best_num_speculative_tokens,
+    check_fits,
     expected_tokens_per_step,
     speculative_speedup,
     speculative_step_time,
 )
 
-__all__ = ["SpeculativeConfig", "best_num_speculative_tokens", "expected_tokens_per_step",
+__all__ = ["SpeculativeConfig", "best_num_speculative_tokens", "check_fits",
+           "expected_tokens_per_step",
            "speculative_speedup", "speculative_step_time"]

@@ -4,19 +4,24 @@ The rejection-sampling rule (minillm.spec.rejection) promises that every emitted
 distributed exactly as the target model would sample it, whatever the proposer. Greedy identity
 checks that promise only where every distribution is one-hot. This module checks it where it is
 not: a tiny random model with an 8-token vocabulary, whose next-token distributions are far from
-uniform, samples the first two tokens after a fixed prompt thousands of times, with and without
-speculation. The second token comes out of a verification (accepted, or drawn from the residual
-after a rejection), so it is where a wrong rule would show. The exact probability of each of the
-64 pairs comes from plain forwards (p(a) * p(b | a)), and Pearson's chi-square test asks whether
-the counts could have come from it.
+uniform, samples the first k + 2 tokens after a fixed prompt thousands of times, with and
+without speculation (sample_sequences). With k = 2 the first token comes from the prefill and
+the next three from the first verification and what follows it: an accepted proposal, a residual
+draw after a rejection, or the bonus token when every proposal passed, so every emitted position
+of a verification is counted. The exact probability of every sequence comes from plain forwards
+over every prefix (exact_sequences), and Pearson's chi-square test asks, position by position,
+whether the counts of each consecutive pair (x_{t-1}, x_t) could have come from it
+(position_pairs, chi_square).
 
-The power to see a 5% shift (the issue's bar) is part of the check: the same counts are tested
-against the exact distribution with 0.05 of its mass moved from the likeliest pair to the next,
-and that test must reject.
+The power to see a 5% shift is part of the check: the same counts are tested against the exact
+distribution with 0.05 of its mass moved from the likeliest pair to the next, and that test must
+reject. shift_power says how often it does at a given number of samples (by simulation), which
+is how the chapter sizes its samples.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import tempfile
 from dataclasses import dataclass
@@ -29,12 +34,18 @@ from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
 from minillm.sampling import SamplingParams
 from minillm.spec.config import SpeculativeConfig
+from minillm.spec.ngram import propose_ngram
+
+LOOKUP_MAX = 2  # tiny_engine's prompt_lookup_max
 
 VOCAB = 8
 TINY = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                    max_position_embeddings=64)
-PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive: prompt lookup always finds something to propose
+# Repetitive, so prompt lookup has matches to find, but only after some tokens: with
+# prompt_lookup_max=2 it proposes after a first token of 1, 2 or 3 (seen in the prompt) and
+# nothing after any other (proposes_nothing measures how often); those steps sample plainly.
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
 Z_999 = 3.09  # the 0.999 quantile of N(0, 1): a test at the 0.1% level
 
 
@@ -57,7 +68,7 @@ def tiny_engine(method: str | None, k: int = 2, target_seed: int = 0,
     target, so rejections and residual draws happen)."""
     spec, draft = None, None
     if method == "ngram":
-        spec = SpeculativeConfig("ngram", num_speculative_tokens=k, prompt_lookup_max=2)
+        spec = SpeculativeConfig("ngram", num_speculative_tokens=k, prompt_lookup_max=LOOKUP_MAX)
     elif method == "draft_model":
         # The folder must exist but is not read: the draft is handed over in memory.
         spec = SpeculativeConfig("draft_model", num_speculative_tokens=k,
@@ -98,6 +109,85 @@ def exact_pairs(target_seed: int = 0, prompt: list[int] = PROMPT) -> torch.Tenso
     probs = [torch.tensor([math.exp(done[i].logprobs[0][v]) for v in range(VOCAB)])
              for i in ids]
     return probs[0][:, None] * torch.stack(probs[1:])  # (V, 1) * (V, V) -> (V, V)
+
+
+def sample_sequences(engine: Engine, num_samples: int, length: int,
+                     prompt: list[int] = PROMPT) -> torch.Tensor:
+    """(num_samples, length) int64: the first `length` sampled tokens of num_samples seeded
+    requests (temperature 1). With length = k + 2 the first verification's every emitted
+    position is in it, its bonus token included (the bonus is position k + 1)."""
+    if not (isinstance(length, int) and length >= 2):
+        raise ValueError(f"length must be an int >= 2 (the first verified token is the second), "
+                         f"got {length!r}")
+    ids = [engine.add_request(list(prompt), SamplingParams(max_tokens=length, temperature=1.0,
+                                                           seed=seed, ignore_eos=True))
+           for seed in range(num_samples)]
+    done = {}
+    while engine.has_unfinished_requests():
+        done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
+    return torch.tensor([done[i][:length] for i in ids], dtype=torch.int64)
+
+
+def exact_sequences(length: int, target_seed: int = 0, prompt: list[int] = PROMPT
+                    ) -> torch.Tensor:
+    """The target's probability (V,) * length of each sequence of its first `length` tokens:
+    the product of next-token probabilities along it, from plain forwards over the prompt plus
+    every prefix of up to length - 1 tokens (1 + 8 + 64 + 512 forwards for length 4)."""
+    plain = tiny_engine(None, target_seed=target_seed)
+    params = SamplingParams(max_tokens=1, logprobs=VOCAB, ignore_eos=True)
+    prefixes = [pre for n in range(length) for pre in itertools.product(range(VOCAB), repeat=n)]
+    ids = {pre: plain.add_request(list(prompt) + list(pre), params) for pre in prefixes}
+    done = {}
+    while plain.has_unfinished_requests():
+        done |= {o.request_id: o for o in plain.step() if o.finished}
+    joint = torch.ones((), dtype=torch.float64)
+    for n in range(length):
+        # next-token probabilities after every prefix of n tokens, (V,) * n + (V,)
+        probs = torch.tensor([[math.exp(done[ids[pre]].logprobs[0][v]) for v in range(VOCAB)]
+                              for pre in itertools.product(range(VOCAB), repeat=n)],
+                             dtype=torch.float64).view(*([VOCAB] * n), VOCAB)
+        joint = joint[..., None] * probs
+    return (joint / joint.sum()).float()  # the logprobs are rounded: renormalise to 1
+
+
+def position_pairs(sequences: torch.Tensor) -> list[torch.Tensor]:
+    """Counts (V, V) of each consecutive pair (x_{t-1}, x_t), one per position t = 1 .. L - 1
+    of (N, L) sampled sequences."""
+    return [torch.bincount(sequences[:, t - 1] * VOCAB + sequences[:, t],
+                           minlength=VOCAB * VOCAB).view(VOCAB, VOCAB).float()
+            for t in range(1, sequences.shape[1])]
+
+
+def exact_position_pairs(joint: torch.Tensor) -> list[torch.Tensor]:
+    """The probabilities (V, V) of each consecutive pair, one per position t = 1 .. L - 1, from
+    exact_sequences' joint (V,) * L: the joint summed over the other positions."""
+    length = joint.dim()
+    return [joint.sum(dim=tuple(d for d in range(length) if d not in (t - 1, t)))
+            for t in range(1, length)]
+
+
+def proposes_nothing(first_tokens: torch.Tensor, k: int = 2,
+                     prompt: list[int] = PROMPT) -> float:
+    """The share of first tokens after which prompt lookup (prompt_lookup_max 2, as in
+    tiny_engine) proposes nothing: its first decode step then samples plainly."""
+    empty = [not propose_ngram(list(prompt) + [int(a)], k, LOOKUP_MAX) for a in first_tokens]
+    return sum(empty) / max(len(empty), 1)
+
+
+def shift_power(expected_probs: torch.Tensor, num_samples: int, mass: float = 0.05,
+                trials: int = 1000, seed: int = 0) -> float:
+    """The power of the shift check at num_samples samples, by simulation: the share of
+    `trials` multinomial samples drawn from expected_probs (what a lossless engine produces)
+    that chi_square rejects against shift_mass(expected_probs, mass)."""
+    shifted = shift_mass(expected_probs, mass)
+    gen = torch.Generator().manual_seed(seed)
+    flat = expected_probs.flatten()
+    rejected = 0
+    for _ in range(trials):
+        draws = torch.multinomial(flat, num_samples, replacement=True, generator=gen)
+        counts = torch.bincount(draws, minlength=flat.numel()).float().view_as(expected_probs)
+        rejected += chi_square(counts, shifted).rejects
+    return rejected / trials
 
 
 @dataclass(frozen=True)

@@ -43,19 +43,25 @@ SOLUTIONS = {"10.1": accept, "10.2": quantize}
 MODEL_ANSWERS: dict[str, str] = {
     "10.3": """\
 **Model answer.** `best_num_speculative_tokens` answers the first half (Llama-3-8B on an
-H100-SXM, bf16, 1,024 tokens of context, modelled). With a 1B draft (Llama-3.2-1B) and alpha =
-0.8, the best k is 4 at batch 1 to 32 (2.0x), 3 at batch 128 (1.8x) and 2 at batch 512 (1.7x):
-each extra proposal costs a draft forward and k + 1 verify rows, and adds only alpha^k tokens.
-With prompt lookup, whose proposals cost nothing on the GPU, the model's best k runs to its cap
-(16, 4.9x) at small batch and falls to 4 at batch 128 (3.2x) and 2 at batch 512 (2.4x); the
-i.i.d. alpha is the optimistic part there: real lookups propose short runs and stop matching,
-so vLLM's default of a few tokens is the sane choice. The break-even batch (speedup below 1,
-k = 4) depends on the context as much as on alpha: at 256 tokens, prompt lookup stops paying
-at batch 353 (alpha 0.8) or 194 (alpha 0.6), the 1B draft at 230 or 117; at 1,024 tokens the
-K/V reads that verification shares across k + 1 tokens keep both steps memory-bound, and only
-the draft at alpha 0.6 stops paying (batch 281). So: turn speculation down (smaller k) as the
-batch grows, off for short contexts at large batch, and measure alpha on your own traffic,
-because the whole answer moves with it.""",
+H100-SXM, bf16, 1,024 tokens of context, modelled). Batch 512 does not fit there: 16 GB of
+weights and 69 GB of K/V (86 GB with the 1B draft's weights and K/V) exceed 80 GB, and the cost
+model refuses it rather than price it. With a 1B draft (Llama-3.2-1B) and alpha = 0.8, the best
+k is 4 at batch 1 and 32 (2.0x, 1.9x), 3 at batch 128 (1.8x) and 2 at batch 256 (1.7x); at
+alpha 0.6 it is 2 throughout (1.5x to 1.35x): each extra proposal costs a draft forward and
+k + 1 verify rows, and adds only alpha^k tokens. With prompt lookup, whose proposals cost
+nothing on the GPU, the model's best k runs to its cap (16, 4.9x at alpha 0.8) at batch 1 and
+falls to 4 at batch 128 (3.2x) and 3 at batch 256 (2.7x); the i.i.d. alpha is the optimistic
+part there: real lookups propose short runs, and their acceptance depends on the position (the
+chapter's held-out check), so vLLM's default of a few tokens is the sane choice. The papers
+measured 2-3x (Leviathan et al., T5-XXL) and 2-2.5x (Chen et al., Chinchilla 70B). The
+break-even batch (speedup below 1, k = 4) depends on the context as much as on alpha: at 256
+tokens, prompt lookup stops paying at batch 353 (alpha 0.8) or 194 (alpha 0.6), the 1B draft at
+230 or 117; at 1,024 tokens the K/V reads that verification shares across k + 1 tokens keep
+both steps memory-bound, and only the draft at alpha 0.6 stops paying (batch 281); the others
+still pay at the largest batch that fits (474 sequences with prompt lookup, 2.1x at alpha 0.8;
+364 with the draft, whose weights and K/V take room, 1.4x). So: turn speculation down (smaller
+k) as the batch grows, off for short contexts at large batch, and measure alpha on your own
+traffic, by position, because the whole answer moves with it.""",
     "10.4": """\
 **Model answer.** Quantizing the KV cache halves the bytes per token (bf16 to int8 or fp8), so
 the same pool holds twice the tokens: Llama-3-8B on an 80 GB H100-SXM at 8k context goes from 59
