@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -207,13 +208,17 @@ def summarize(metrics: Iterable[RequestMetrics], slo: dict[str, float] | None = 
 # ---- steady state: a finite run's rates without its warm-up and its drain ---------------------
 
 STEADY_STATE_TRIM = 0.2  # the share of the arrival span dropped at each end
+FALLING_BEHIND = 0.1  # queue growth over the window, as a share of it, that means "falls behind"
 
 
 @dataclass(frozen=True)
 class SteadyState:
     """A run's steady state: the requests that arrived inside [start, end] (s), how many of
-    them met the SLO, and the run's arrival rate (requests/s, over its whole arrival span) and
-    mean output tokens per request, which the offered load fixes."""
+    them met the SLO, the run's arrival rate (requests/s, over its whole arrival span) and mean
+    output tokens per request, which the offered load fixes; queue_growth: how much longer (s)
+    the window's last arrivals waited to be scheduled than its first (median of each quarter);
+    served_rate: requests/s from first arrival to last finish, what a run that falls behind
+    actually served."""
 
     start: float
     end: float
@@ -221,6 +226,8 @@ class SteadyState:
     good: int
     arrival_rate: float
     mean_output_tokens: float
+    queue_growth: float = 0.0
+    served_rate: float = math.inf
 
     @property
     def attainment(self) -> float:
@@ -228,16 +235,28 @@ class SteadyState:
         return self.good / self.requests
 
     @property
+    def keeps_up(self) -> bool:
+        """Whether the server kept up with the arrivals: its queue did not grow across the
+        window by more than FALLING_BEHIND of the window's length. (A server short of the
+        arrival rate by a share d sees its wait grow by about d times the time elapsed.)"""
+        return self.queue_growth <= FALLING_BEHIND * (self.end - self.start)
+
+    @property
+    def rate(self) -> float:
+        """Requests/s the server sustains: the arrival rate if it keeps up, else what it served."""
+        return self.arrival_rate if self.keeps_up else min(self.arrival_rate, self.served_rate)
+
+    @property
     def goodput(self) -> float:
-        """Requests/s that meet the SLO in steady state: the arrival rate times the window's
+        """Requests/s that meet the SLO in steady state: the sustained rate times the window's
         attainment."""
-        return self.arrival_rate * self.attainment
+        return self.rate * self.attainment
 
     @property
     def output_throughput(self) -> float:
-        """Output tokens/s the server sustains in steady state if it keeps up (rate in = rate
-        out): the arrival rate times the mean output tokens of a request."""
-        return self.arrival_rate * self.mean_output_tokens
+        """Output tokens/s the server sustains in steady state: the sustained rate times the
+        mean output tokens of a request."""
+        return self.rate * self.mean_output_tokens
 
 
 def steady_state(metrics: Iterable[RequestMetrics], slo: dict[str, float],
@@ -257,10 +276,11 @@ def steady_state(metrics: Iterable[RequestMetrics], slo: dict[str, float],
     request competes with, and both are served faster than in steady state, so only the
     window's requests judge the SLO. The window is not used for the rate itself: its own count
     of a Poisson stream (the middle 60% of 300 requests) is off by about 7% (one sigma,
-    1 / sqrt(180)), which is noise, not information. A server that falls behind does not keep
-    up, and its queue shows in the window's TTFT, so read this with a TTFT (or E2E) bound in
-    slo; capacity itself is a rate sweep's knee (chapter 07). ValueError for a trim outside
-    [0, 0.5) or an empty window."""
+    1 / sqrt(180)), which is noise, not information. A server that falls behind does not serve
+    the arrival rate: its queue grows through the window (SteadyState.keeps_up), and then the
+    rate is what it served, first arrival to last finish, drain included, so an SLO without a
+    TTFT bound cannot flatter an overloaded server. Capacity itself is a rate sweep's knee
+    (chapter 07). ValueError for a trim outside [0, 0.5) or an empty window."""
     if not 0 <= trim < 0.5:
         raise ValueError(f"trim must be in [0, 0.5) (the share dropped at each end), "
                          f"got {trim!r}")
@@ -273,9 +293,23 @@ def steady_state(metrics: Iterable[RequestMetrics], slo: dict[str, float],
         raise ValueError("every request arrived at once (a closed loop or a burst): there is "
                          "no arrival span to take a window of; use an open-loop workload")
     start, end = first + trim * span, first + (1 - trim) * span
-    window = [m for m in done if start <= m.arrival_time <= end]
+    window = sorted((m for m in done if start <= m.arrival_time <= end),
+                    key=lambda m: m.arrival_time)
     if not window:
         raise ValueError(f"no request arrived in [{start:g}, {end:g}] s; lower trim")
     return SteadyState(start, end, len(window), sum(meets_slo(m, slo) for m in window),
                        (len(done) - 1) / span,
-                       sum(m.output_tokens for m in done) / len(done))
+                       sum(m.output_tokens for m in done) / len(done),
+                       _queue_growth(window),
+                       len(done) / (max(m.finished_time for m in done) - first))
+
+
+def _queue_growth(window: list[RequestMetrics]) -> float:
+    """Median wait for a first step of the window's last quarter of arrivals minus its first
+    quarter's (0 with fewer than 4 requests, or without scheduling times)."""
+    waits = [m.first_scheduled_time - m.arrival_time for m in window
+             if m.first_scheduled_time is not None]
+    quarter = len(waits) // 4
+    if quarter == 0:
+        return 0.0
+    return statistics.median(waits[-quarter:]) - statistics.median(waits[:quarter])

@@ -142,6 +142,27 @@ def test_steady_state_counts_a_long_answer_at_its_share_of_the_tokens():
     assert window.output_throughput == pytest.approx((20 * 10 + 500) / 21)
 
 
+def test_a_server_that_falls_behind_is_credited_with_what_it_served():
+    """One arrival a second, but the server starts one request every 1.5 s: its queue grows
+    through the window, so a TPOT-only SLO that every request meets cannot credit it with the
+    arrival rate; it gets what it served, first arrival to last finish."""
+    from minillm.metrics import steady_state
+
+    runs = []
+    for t in range(40):
+        start = 1.5 * t  # the server falls 0.5 s further behind with every request
+        times = [start + 0.1 * (i + 1) for i in range(10)]
+        runs.append(RequestMetrics(float(t), start, times[0], times[-1], times))
+    window = steady_state(runs, {"tpot": 1.0})
+    assert window.attainment == 1.0 and not window.keeps_up
+    assert window.queue_growth > 5.0
+    served = 40 / (runs[-1].finished_time - 0.0)
+    assert window.goodput == pytest.approx(served) and window.goodput < 0.7
+    assert window.output_throughput == pytest.approx(served * 10)
+    kept_up = steady_state([_served(float(t), 1.0) for t in range(40)], {"tpot": 1.0})
+    assert kept_up.keeps_up and kept_up.goodput == pytest.approx(1.0)
+
+
 def test_steady_state_names_bad_input():
     from minillm.metrics import steady_state
 
