@@ -39,22 +39,32 @@ def figures_cell() -> str:
 
 
 def run_figures_cell(monkeypatch: pytest.MonkeyPatch, gpu: bool, decode_ratio: float = 1.04,
-                     prefill_ratio: float = 0.47) -> dict:
+                     prefill_ratio: float = 0.47, name: str = "NVIDIA H200",
+                     capability: tuple[int, int] = (9, 0), memory: float = 141e9) -> dict:
     """Execute the cell with torch.cuda and the bench's timings stubbed: on a 'GPU' the kernels
     reach the given fractions of the run's copy and matmul."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda *_: SimpleNamespace(total_memory=141e9))
-    monkeypatch.setattr(kernels, "measure_baselines", lambda device: Baselines(COPY, MATMUL))
+                        lambda *_: SimpleNamespace(total_memory=memory))
+    dtypes = []
+
+    def baselines(device, dtype=torch.bfloat16):
+        dtypes.append(dtype)
+        return Baselines(COPY, MATMUL)
+
+    monkeypatch.setattr(kernels, "measure_baselines", baselines)
     calls = []
 
     def decode(shape, batch, context, copy_bw, device):
+        dtypes.append(shape.dtype)
         calls.append(("decode", batch, context))
         gbs = decode_ratio * copy_bw / 1e9
         return [Figure("decode", gbs, "GB/s", "copy", copy_bw / 1e9, decode_ratio, 0.7)]
 
     def prefill(shape, tokens, matmul, device):
+        dtypes.append(shape.dtype)
         calls.append(("prefill", tokens))
         tflops = prefill_ratio * matmul / 1e12
         return [Figure("prefill", tflops, "TFLOP/s", "matmul", matmul / 1e12, prefill_ratio)]
@@ -63,7 +73,7 @@ def run_figures_cell(monkeypatch: pytest.MonkeyPatch, gpu: bool, decode_ratio: f
     monkeypatch.setattr(kernels, "prefill_figures", prefill)
     namespace = {"torch": torch, "time": time, "io_cost": io_cost, "HARDWARE": HARDWARE}
     exec(compile(figures_cell(), "c12-35", "exec"), namespace)
-    namespace["calls"] = calls
+    namespace["calls"], namespace["dtypes"] = calls, dtypes
     return namespace
 
 
@@ -77,6 +87,18 @@ def test_on_a_gpu_the_cell_measures_live_and_reports_it(monkeypatch: pytest.Monk
     assert done["datasheet"] is HARDWARE["H200"]
     out = capsys.readouterr().out
     assert "measured live on this NVIDIA H200" in out and "recorded" not in out
+    assert done["dtypes"] == [torch.bfloat16] * 3, "bf16 kernels against a bf16 matmul"
+
+
+def test_on_a_t4_the_cell_measures_in_fp16(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A free T4 (sm_75) has no bf16 dot: the kernels and the matmul they are held to run in
+    fp16, the dtype the engine itself takes there."""
+    done = run_figures_cell(monkeypatch, gpu=True, name="Tesla T4", capability=(7, 5),
+                            memory=16e9)
+    assert done["dtypes"] == [torch.float16] * 3
+    assert done["datasheet"] is HARDWARE["T4"]
+    assert "in float16" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("decode_ratio, prefill_ratio", [(0.5, 0.47), (1.04, 0.1), (1.04, 1.2)],

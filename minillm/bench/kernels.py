@@ -89,10 +89,12 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2**31) -> float:
     return 2 * nbytes / cuda_time(lambda: dst.copy_(src))
 
 
-def matmul_flops(device: torch.device, n: int = 8192) -> float:
-    """FLOP per second of a dense (n, n) x (n, n) bf16 matmul: 2 n^3 FLOP per product."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+def matmul_flops(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16
+                 ) -> float:
+    """FLOP per second of a dense (n, n) x (n, n) matmul in dtype (bf16; fp16 on a GPU without
+    bf16 tensor cores, such as a T4): 2 n^3 FLOP per product."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     return 2 * n**3 / cuda_time(lambda: a @ b)
 
 
@@ -195,11 +197,11 @@ def int8_gemv_figures(out_features: int, in_features: int, copy_bw: float, devic
 @dataclass(frozen=True)
 class Baselines:
     copy_bandwidth: float  # bytes/s, read + write
-    matmul_flops: float  # FLOP/s, bf16
+    matmul_flops: float  # FLOP/s, in the kernels' dtype (bf16 unless told)
 
 
-def measure_baselines(device: torch.device) -> Baselines:
-    return Baselines(copy_bandwidth(device), matmul_flops(device))
+def measure_baselines(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Baselines:
+    return Baselines(copy_bandwidth(device), matmul_flops(device, dtype=dtype))
 
 
 def kernel_figures(args: argparse.Namespace, base: Baselines, device: torch.device
