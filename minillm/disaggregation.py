@@ -415,21 +415,12 @@ def tuned_colocated_kwargs(model: str | ModelConfig, hw: str | roofline.Hardware
     GPUs by the config recipe's steps 2 and 3 (minillm.recipe: the KV formula, then the
     largest chunk whose mixed step keeps the TPOT SLO): the baseline Sarathi-Serve says
     chunked prefill must be given. With interference != 0 and a TPOT SLO, that mixed step is
-    priced as the run will price it (roofline.serial_phases), in the recipe's power-of-two
-    search from its floor; so a chunk is never chosen by a cost the run does not pay."""
+    priced as the run will price it (roofline.serial_phases), so a chunk is never chosen by
+    a cost the run does not pay."""
     config, device = models.as_config(model), roofline.get_hardware(hw)
     layout = parallel.ParallelConfig(tensor_parallel_size).check(config)
     typical = recipe.typical_length(workload)
     seqs = recipe.choose_max_num_seqs(config, device, layout, typical, [])
-    tpot = slo.get("tpot")
-    if interference == 0 or tpot is None:  # without a TPOT bound the chunk ignores the step
-        budget = recipe.choose_batched_tokens(config, device, layout, seqs, typical, workload,
-                                              slo, [])
-        return {"max_num_seqs": seqs, "max_num_batched_tokens": budget}
-    price = roofline.serial_phases(parallel.step_timer(layout), interference)
-    decodes = [(1, typical)] * (seqs - 1)
-    budget = recipe.MIN_BATCHED_TOKENS
-    while (budget < recipe.MAX_BATCHED_TOKENS
-           and price(config, device, [(2 * budget, 2 * budget)] + decodes).time <= tpot):
-        budget *= 2
+    budget = recipe.choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
+                                          [], interference=interference)
     return {"max_num_seqs": seqs, "max_num_batched_tokens": budget}

@@ -33,14 +33,12 @@ DistServe counts) meet every bound.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from minillm import parallel
 from minillm.deployment import (
-    GPU_MEMORY_UTILIZATION,
     Deployment,
     DeploymentRun,
     attainment,
@@ -51,16 +49,26 @@ from minillm.deployment import (
 from minillm.hardware import Hardware, get_hardware
 from minillm.metrics import Summary, percentile
 from minillm.models import ModelLike, as_config
-from minillm.quant.schemes import QuantScheme, get_scheme
+from minillm.quant.schemes import get_scheme
+from minillm.recipe_steps import (
+    MAX_BATCHED_TOKENS,
+    MAX_NUM_SEQS_CAP,
+    MIN_BATCHED_TOKENS,
+    MIN_FULL_SEQUENCES,
+    choose_batched_tokens,
+    choose_layout,
+    choose_max_num_seqs,
+    layout_name,
+    tp_options,
+)
 from minillm.simulator import SimulationResult
 from minillm.workload import RequestSpec
 
-__all__ = ["Recommendation", "attainment", "recommend", "replica_share"]
+# The steps' names are re-exported: the chapters and labs know them as minillm.recipe's.
+__all__ = ["MAX_BATCHED_TOKENS", "MAX_NUM_SEQS_CAP", "MIN_BATCHED_TOKENS", "MIN_FULL_SEQUENCES",
+           "Recommendation", "attainment", "choose_batched_tokens", "choose_layout",
+           "choose_max_num_seqs", "climb_max_num_seqs", "recommend", "replica_share"]
 
-MAX_NUM_SEQS_CAP = 256  # vLLM's default max_num_seqs; the search may still try twice it
-MIN_BATCHED_TOKENS = 512  # below it a prefill chunk is too small to use the GPU's FLOPs
-MAX_BATCHED_TOKENS = 16384  # the largest budget step 3 and the search try
-MIN_FULL_SEQUENCES = 4  # "fits" means a few longest requests at once, not one
 GOODPUT_TOLERANCE = 0.05  # a search step must beat the current best by this share to replace it:
 # a steady-state window of a few hundred simulated requests measures goodput to a few per cent
 # (Poisson sampling), and a tie keeps the recipe's own, smaller TP
@@ -168,7 +176,7 @@ def _report(model: ModelLike, device: Hardware, gpus: int, best: DeploymentRun,
         f"replica's share each); max_num_seqs tried {climbed} (raised by a quarter of the KV "
         f"formula's value until the SLO breaks, then one step back; a raise stops once the "
         f"batch never fills the cap); the recipe's start had goodput {start.goodput:.2f} req/s "
-        f"with {start.attainment:.0%} meeting the SLO; best: {_name(chosen.layout)}, "
+        f"with {start.attainment:.0%} meeting the SLO; best: {layout_name(chosen.layout)}, "
         f"max_num_seqs {chosen.max_num_seqs}, max_num_batched_tokens "
         f"{chosen.max_num_batched_tokens}: goodput "
         f"{best.goodput:.2f} req/s in steady state over {replicas} replica(s){idle}, "
@@ -218,148 +226,6 @@ def _check_overheads(overheads: dict[str, float] | None) -> dict[str, float]:
     return dict(overheads or {})
 
 
-def _tp_options(config: Any, device: Hardware, gpus: int) -> list[int]:
-    """Powers of two up to the GPUs given and one node's, that split the model's heads."""
-    options, tp = [], 1
-    while tp <= min(gpus, device.gpus_per_node):
-        try:
-            parallel.ParallelConfig(tp).check(config)
-            options.append(tp)
-        except ValueError:
-            pass
-        tp *= 2
-    return options
-
-
-def _name(layout: parallel.ParallelConfig) -> str:
-    tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
-    return f"TP {tp}" if pp == 1 else f"TP {tp} x PP {pp}"
-
-
-def _layouts(config: Any, device: Hardware, gpus: int) -> list[parallel.ParallelConfig]:
-    """The layouts step 1 tries, in order: TP alone inside a node, smallest first; then, when
-    the GPUs span nodes, the widest such TP with 2, 3, ... pipeline stages across nodes."""
-    tps = _tp_options(config, device, gpus)
-    layouts = [parallel.ParallelConfig(tp) for tp in tps]
-    if tps:
-        widest = tps[-1]
-        layers = config.num_hidden_layers
-        layouts += [parallel.ParallelConfig(widest, pp)
-                    for pp in range(2, min(gpus // widest, layers) + 1)]
-    return layouts
-
-
-def choose_layout(config: Any, device: Hardware, gpus: int, longest: int,
-                  reasoning: list[str], *, quantization: str | None = None
-                  ) -> parallel.ParallelConfig:
-    """Step 1: the first layout of _layouts at which the weights (in quantization's bytes)
-    and MIN_FULL_SEQUENCES sequences of the longest request's length fit each GPU; ValueError
-    naming what does not fit if none does."""
-    scheme = get_scheme(quantization)
-    layouts = _layouts(config, device, gpus)
-    if not layouts:
-        raise ValueError(f"no tensor_parallel_size up to {gpus} GPUs splits this model's heads")
-    usable = device.memory * GPU_MEMORY_UTILIZATION
-    previous = None
-    for layout in layouts:
-        full = _max_concurrency(config, device, layout, longest, scheme)
-        weights = parallel.weight_bytes_per_gpu(config, layout, scheme.weight_bytes)
-        if full >= MIN_FULL_SEQUENCES:
-            reasoning.append(
-                f"{_name(layout)}: the weights take {weights / 1e9:.1f} GB per GPU of the "
-                f"{usable / 1e9:.1f} GB usable ({GPU_MEMORY_UTILIZATION:.0%} of "
-                f"{device.memory / 1e9:.0f} GB on {device.name}), leaving room for {full} "
-                f"sequences of the longest request ({longest} tokens); "
-                + ("no need to split the model." if previous is None else
-                   f"{_name(previous)} would hold fewer than {MIN_FULL_SEQUENCES}"
-                   + (" (pipeline stages cross nodes: TP stays inside one)."
-                      if layout.pipeline_parallel_size > 1 else ".")))
-            return layout
-        previous = layout
-    last = layouts[-1]
-    weights = parallel.weight_bytes_per_gpu(config, last, scheme.weight_bytes)
-    if weights > usable:
-        raise ValueError(
-            f"the weights alone need {weights / 1e9:.1f} GB per GPU at {_name(last)} (the "
-            f"widest layout {gpus} GPU(s) of {device.name} allow, TP inside a node of "
-            f"{device.gpus_per_node}), more than its {usable / 1e9:.1f} GB usable; give more "
-            f"GPUs, a bigger GPU or quantized weights")
-    raise ValueError(
-        f"the KV cache: at {_name(last)} the weights ({weights / 1e9:.1f} GB per GPU) leave "
-        f"room for fewer than {MIN_FULL_SEQUENCES} sequences of the longest request "
-        f"({longest} tokens) in {usable / 1e9:.1f} GB; give more GPUs or shorten the requests")
-
-
-def _max_concurrency(config: Any, device: Hardware, layout: parallel.ParallelConfig,
-                     seq_len: int, scheme: QuantScheme) -> int:
-    return parallel.max_concurrency(config, device, layout, seq_len, GPU_MEMORY_UTILIZATION,
-                                    scheme.weight_bytes, kv_dtype_bytes=2)
-
-
-def choose_max_num_seqs(config: Any, device: Hardware, layout: parallel.ParallelConfig,
-                        typical: int, reasoning: list[str], *,
-                        quantization: str | None = None) -> int:
-    """Step 2: the KV formula, (usable memory - weights) / KV bytes per typical sequence,
-    capped at MAX_NUM_SEQS_CAP. Under pipeline parallelism max_num_seqs holds for each of the p
-    virtual engines, which own 1/p of the blocks each (minillm.virtual_engines, as vLLM): the
-    sequences that fit are shared among them."""
-    scheme = get_scheme(quantization)
-    free = (device.memory * GPU_MEMORY_UTILIZATION
-            - parallel.weight_bytes_per_gpu(config, layout, scheme.weight_bytes))
-    per_seq = parallel.kv_bytes_per_token_per_gpu(config, layout) * typical
-    fit = _max_concurrency(config, device, layout, typical, scheme)
-    p = layout.pipeline_parallel_size
-    seqs = max(min(fit // p, MAX_NUM_SEQS_CAP), 1)
-    shared = (f", {fit // p} for each of the {p} virtual engines (each owns 1/{p} of the blocks)"
-              if p > 1 else "")
-    reasoning.append(
-        f"max_num_seqs {seqs}: the KV formula gives {free / 1e9:.1f} GB free per GPU / "
-        f"{per_seq / 1e6:.1f} MB per sequence of typical length ({typical} tokens: p90 of "
-        f"prompt + output) = {fit} sequences" + shared
-        + (f", capped at {MAX_NUM_SEQS_CAP}." if fit // p > MAX_NUM_SEQS_CAP else "."))
-    return seqs
-
-
-def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.ParallelConfig,
-                          seqs: int, typical: int, workload: Sequence[RequestSpec],
-                          slo: dict[str, float], reasoning: list[str],
-                          overheads: dict[str, float] | None = None, *,
-                          quantization: str | None = None) -> int:
-    """Step 3: the largest power-of-two budget (MIN_BATCHED_TOKENS..MAX_BATCHED_TOKENS) whose
-    mixed step, one chunk of the budget beside seqs - 1 decodes at the typical context, stays
-    under the TPOT SLO (without one: the p90 prompt in one chunk); steps priced in
-    quantization's scheme."""
-    step_kwargs = get_scheme(quantization).step_kwargs()
-    prompt_p90 = math.ceil(percentile([s.prompt_len for s in workload], 90))
-
-    def mixed_step(budget: int) -> float:
-        decodes = [(1, typical)] * (seqs - 1)
-        return parallel.parallel_step_time(config, device, [(budget, budget)] + decodes,
-                                           layout, **(overheads or {}), **step_kwargs).time
-
-    tpot = slo.get("tpot")
-    budget = MIN_BATCHED_TOKENS
-    if tpot is None:
-        while budget < min(prompt_p90, MAX_BATCHED_TOKENS):
-            budget *= 2
-        why = f"no TPOT SLO, so the p90 prompt ({prompt_p90} tokens) goes in one chunk"
-    else:
-        while budget < MAX_BATCHED_TOKENS and mixed_step(budget * 2) <= tpot:
-            budget *= 2
-        why = (f"a step of one {budget}-token chunk beside {seqs - 1} decodes takes "
-               f"{mixed_step(budget) * 1e3:.1f} ms, "
-               + ("under" if mixed_step(budget) <= tpot else "over")
-               + f" the TPOT SLO of {tpot * 1e3:.1f} ms"
-               + ("" if mixed_step(budget) <= tpot else
-                  f", but {MIN_BATCHED_TOKENS} is the floor"))
-    chunks = math.ceil(prompt_p90 / budget)
-    reasoning.append(
-        f"max_num_batched_tokens {budget} (chunked prefill): {why}; the p90 prompt "
-        f"({prompt_p90} tokens) then needs {chunks} chunk(s), about "
-        f"{chunks * mixed_step(budget) * 1e3:.0f} ms of TTFT before any queueing.")
-    return budget
-
-
 def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
             slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
             target: float, sim_requests: int, overheads: dict[str, float],
@@ -394,7 +260,7 @@ def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
         best = keep_better(best, run(layout, best.deployment.max_num_seqs, other))
     typical = typical_length(workload)
     wider_tps = [] if layout.pipeline_parallel_size > 1 else [
-        t for t in _tp_options(config, device, gpus) if t > layout.tensor_parallel_size]
+        t for t in tp_options(config, device, gpus) if t > layout.tensor_parallel_size]
     for tp in wider_tps:
         # A wider TP with its own recipe: fewer replicas, each with more KV room and faster steps
         wider = parallel.ParallelConfig(tp)
@@ -458,7 +324,7 @@ def _refusal(tried: list[DeploymentRun], slo: dict[str, float], target: float) -
     reached = percentile(_per_request(closest.result, binding), 100 * target)
     near = closest.deployment
     return (f"no configuration meets the SLO: {binding.upper()} is the binding constraint. "
-            f"The closest of {len(tried)} simulated configs ({_name(near.layout)}, "
+            f"The closest of {len(tried)} simulated configs ({layout_name(near.layout)}, "
             f"max_num_seqs {near.max_num_seqs}, max_num_batched_tokens "
             f"{near.max_num_batched_tokens}) has p"
             f"{100 * target:g} {binding.upper()} {reached * 1e3:.2f} ms against the bound of "

@@ -83,32 +83,15 @@ def tiny_engine(method: str | None, k: int = 2, target_seed: int = 0,
 
 def sample_pairs(engine: Engine, num_samples: int, prompt: list[int] = PROMPT) -> torch.Tensor:
     """Counts (V, V) of the first two sampled tokens of num_samples seeded requests
-    (temperature 1). max_tokens=3 leaves room for a proposal after the first token, so the
-    second token is verified, not sampled plainly."""
-    for seed in range(num_samples):
-        engine.add_request(list(prompt), SamplingParams(max_tokens=3, temperature=1.0,
-                                                        seed=seed, ignore_eos=True))
-    counts = torch.zeros(VOCAB, VOCAB)
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                counts[out.token_ids[0], out.token_ids[1]] += 1
-    return counts
+    (temperature 1): position 1 of sample_sequences with three tokens, since a third leaves room
+    for a proposal after the first token, so the second is verified, not sampled plainly."""
+    return position_pairs(sample_sequences(engine, num_samples, 3, prompt))[0]
 
 
 def exact_pairs(target_seed: int = 0, prompt: list[int] = PROMPT) -> torch.Tensor:
-    """The target's probability (V, V) of each first-two-tokens pair: p(a) * p(b | a), from the
-    log-probabilities of plain forwards over the prompt and the prompt plus each a."""
-    plain = tiny_engine(None, target_seed=target_seed)
-    params = SamplingParams(max_tokens=1, logprobs=VOCAB, ignore_eos=True)
-    contexts = [list(prompt)] + [list(prompt) + [a] for a in range(VOCAB)]
-    ids = [plain.add_request(context, params) for context in contexts]
-    done = {}
-    while plain.has_unfinished_requests():
-        done |= {o.request_id: o for o in plain.step() if o.finished}
-    probs = [torch.tensor([math.exp(done[i].logprobs[0][v]) for v in range(VOCAB)])
-             for i in ids]
-    return probs[0][:, None] * torch.stack(probs[1:])  # (V, 1) * (V, V) -> (V, V)
+    """The target's probability (V, V) of each first-two-tokens pair, p(a) * p(b | a)
+    (exact_sequences of length 2)."""
+    return exact_sequences(2, target_seed, prompt)
 
 
 def sample_sequences(engine: Engine, num_samples: int, length: int,
