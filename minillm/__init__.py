@@ -52,6 +52,7 @@ Module map (one concept each):
                      modelled run: run_deployment() -> goodput, SLO attainment, $/1M tokens
     recipe.py        recommend(): the starting-config recipe as code (TP, max_num_seqs, the
                      chunk size, then a goodput search in the simulator) and its reasoning
+    recipe_steps.py  the recipe's steps 1-3: choose_layout, choose_max_num_seqs, the chunk
     capstone.py      chapter 11's capstone: worked briefs, each student's seeded brief
                      (student_scenario), evaluate() and the recipe's bar
     router.py        routers: round robin, prefix-aware with a load bound, or your own callable
