@@ -70,6 +70,8 @@ Module map (one concept each):
     real_run.py      a workload served on the real engine in real time (wall or CPU clock)
     labs/            check(): graded exercises of the chapters; python -m minillm.labs chNN
     machine.py       describe() / settle_threads(): the hardware a chapter measured on
+    device.py        capabilities(): what the device can do (dtype, K/V dtypes, kernels, fit);
+                     the GPU-shaped run (a T4's or an H200's rules on the CPU)
     train/           the training script of the shipped tiny model (python -m minillm.train)
     cli.py           the `minillm` console script: minillm serve ..., minillm bench ...
     bench/           python -m minillm.bench engine|serve|simulate|prefix|preempt|spec|quant|

@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minillm.config import EngineConfig
+from minillm.device import DeviceCaps, capabilities, dtype_for
 from minillm.engine import Engine
 from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
@@ -44,19 +45,27 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """float32 on a CPU; on a GPU bfloat16 from compute capability 8.0 (Ampere) and float16
-    below it (a T4 is sm_75: no bfloat16 tensor cores, so Triton has no bf16 dot there). An
-    explicit dtype is the reader's choice and is kept."""
+    """The device's default (minillm.device: float32 on a CPU, bfloat16 from sm_80, float16 on
+    a T4); an explicit dtype is the reader's choice and is kept."""
     if dtype is None:
-        if device.type != "cuda":
-            return torch.float32
-        has_bf16 = torch.cuda.get_device_capability(device) >= (8, 0)
-        return torch.bfloat16 if has_bf16 else torch.float16
+        if device.type == "cuda":
+            return dtype_for(torch.cuda.get_device_capability(device))
+        return capabilities(device).dtype  # a GPU's during the GPU-shaped run
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise ValueError(f"dtype must be one of {sorted(DTYPES)} or a torch dtype, got {dtype!r}")
+
+
+def check_kv_cache_dtype(config: EngineConfig, caps: DeviceCaps) -> None:
+    """Refuse, before any weight loads, a K/V dtype the device's attention kernels lack (fp8
+    below sm_89), naming the stand-in; torch's reference attention stores fp8 anywhere."""
+    if config.kv_cache_dtype in caps.kv_cache_dtypes or config.attention_backend == "torch":
+        return
+    stand_in, why = caps.kv_cache_dtype(config.kv_cache_dtype)
+    raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} cannot run on {caps.name}: {why}. "
+                     f"Pass kv_cache_dtype={stand_in!r}, or attention_backend='torch'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +180,7 @@ class LLM:
         config = EngineConfig(**engine_args)  # type: ignore[arg-type]
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
+        check_kv_cache_dtype(config, capabilities(dev))
         if isinstance(model, ModelConfig):
             net, tokenizer = LlamaForCausalLM.random(model, torch_dtype, dev, config.seed), None
             self.model_name = "random-weights"

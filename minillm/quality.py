@@ -92,3 +92,24 @@ def perplexity(llm: LLM, text: str | None = None, window: int = 256,
         total += F.cross_entropy(logits, targets, reduction="sum").item()
         count += len(targets)
     return Perplexity(total / count, count)
+
+
+# In 16 bits a near-tie greedy pick may flip between runs that batch, cache or preempt the same
+# requests differently (their matmuls have other shapes and round differently); below this share
+# of identical answers something other than rounding changed them.
+MOST_ANSWERS = 0.5
+
+
+def same_answers(reference: list[list[int]], others: list[list[list[int]]],
+                 dtype: torch.dtype) -> tuple[list[float], bool]:
+    """The share of requests whose greedy answer in each other run is the reference's, token for
+    token, and whether that is what the dtype promises: every answer in fp32, where runs that
+    differ only in scheduling compute the same numbers here; most of them (MOST_ANSWERS) in bf16
+    or fp16, where a prefill or a batch of another shape rounds differently."""
+    shares = []
+    for run in others:
+        if len(run) != len(reference):
+            raise ValueError(f"a run has {len(run)} answers, the reference {len(reference)}")
+        shares.append(sum(a == b for a, b in zip(reference, run)) / max(len(reference), 1))
+    bar = 1.0 if dtype == torch.float32 else MOST_ANSWERS
+    return shares, all(share >= bar for share in shares)

@@ -263,6 +263,17 @@ def decode_step_time(model: ModelLike, hw: Hardware | str, batch: int, context_l
                      kv_dtype_bytes=kv_dtype_bytes)
 
 
+def batching_gain(model: ModelLike, hw: Hardware | str, batch: int, context_len: int,
+                  dtype_bytes: float = 2) -> float:
+    """The tokens/s a decode step of `batch` sequences makes over a step of one, on hw's roof
+    (modelled): batch x t(1) / t(batch). Up to the ridge it is about `batch`: the sequences
+    share one read of the weights. On a device whose ridge sits below a single sequence's
+    intensity (a CPU computing in bf16: its matmuls are compute-bound from B = 1) it is about 1,
+    and no measurement there can show batching pay."""
+    one = decode_step_time(model, hw, 1, context_len, dtype_bytes).time
+    return batch * one / decode_step_time(model, hw, batch, context_len, dtype_bytes).time
+
+
 def prefill_time(model: ModelLike, hw: Hardware | str, prompt_len: int, batch: int = 1,
                  dtype_bytes: float = 2, overhead: float = 0.0, *,
                  kv_dtype_bytes: float | None = None) -> StepCost:
@@ -333,14 +344,15 @@ def _best_seconds(fn: Callable[[], object], sync: Callable[[], None], budget: fl
 
 
 def _matmul_flops(dev: torch.device, seconds: float) -> float:
-    """Achieved FLOP/s of a square matmul: 2 * n^3 FLOPs (fp32 on CPU; on CUDA the engine's
-    16-bit type: bf16 from compute capability 8.0, fp16 below it, as on a T4)."""
+    """Achieved FLOP/s of a square matmul, 2 * n^3 FLOPs, in the engine's dtype on this device
+    (minillm.device: fp32 on a CPU, bf16 from sm_80, fp16 on a T4; a GPU's 16-bit type during
+    the GPU-shaped run, whose CPU matmuls in bf16 are far slower than in fp32)."""
     import torch
 
-    from minillm.llm import resolve_dtype
+    from minillm.device import capabilities
 
-    cuda = dev.type == "cuda"
-    n, dtype = (8192, resolve_dtype(None, dev)) if cuda else (1024, torch.float32)
+    dtype = capabilities(dev).dtype
+    n = 8192 if dev.type == "cuda" else 1024
     a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
     return 2 * n**3 / _best_seconds(lambda: a @ b, _sync(dev), seconds)
 

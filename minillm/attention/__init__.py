@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minillm.attention.torch_ref import TorchAttention
+from minillm.device import capabilities
 
 if TYPE_CHECKING:
     from minillm.attention.triton_backend import TritonAttention
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 def get_backend(name: str, device: torch.device) -> TorchAttention | TritonAttention:
     """The backend for a name. "auto" is Triton on CUDA and the reference elsewhere."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = capabilities(device).attention_backend
     if name == "torch":
         return TorchAttention()
     if name == "triton":

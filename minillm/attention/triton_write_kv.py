@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from minillm.attention.torch_ref import check_kv_scales
+from minillm.device import has_fp8_kv
 
 
 @triton.jit
@@ -130,7 +131,7 @@ def check_kv_cache(kv_cache: torch.Tensor, kv_scales: torch.Tensor | None = None
         raise ValueError(f"kv_cache must be contiguous, got strides {kv_cache.stride()}")
     check_kv_scales(kv_cache, kv_scales)
     if (kv_cache.dtype == torch.float8_e4m3fn and kv_cache.is_cuda
-            and torch.cuda.get_device_capability(kv_cache.device) < (8, 9)):
+            and not has_fp8_kv(torch.cuda.get_device_capability(kv_cache.device))):
         raise RuntimeError(
             f"kv_cache_dtype='fp8' needs fp8 e4m3 conversions, which Triton supports on compute "
             f"capability 8.9 (Ada, Hopper) and up; this GPU is sm_"
