@@ -48,7 +48,7 @@ def test_run_all_writes_json_after_each_chapter(tmp_path: Path) -> None:
     paths = [notebook(tmp_path / "01_a.ipynb", ["a = 1"]),
              notebook(tmp_path / "02_b.ipynb", ["assert False, 'no'"])]
     runs = chapters.run_all(paths, tmp_path / "out", timeout=60)
-    saved = json.loads((tmp_path / "out" / "chapters.json").read_text())
+    saved = json.loads((tmp_path / "out" / "chapters.json").read_text())["chapters"]
     assert [r.ok for r in runs] == [True, False] == [r["ok"] for r in saved]
     assert saved[1]["failures"][0]["error"] == "AssertionError: no"
 
@@ -89,3 +89,56 @@ def test_the_chapters_are_found_in_order() -> None:
     names = [p.stem for p in chapters.chapter_paths()]
     assert names[:3] == ["00_tour", "01_prefill_vs_decode", "02_roofline"]
     assert names == sorted(names)
+
+
+def test_every_cell_is_recorded_with_its_id_seconds_and_error(tmp_path: Path) -> None:
+    path = notebook(tmp_path / "01_a.ipynb", ["a = 1", "assert a == 2, f'a is {a}'"])
+    nb = json.loads(path.read_text())
+    nb["cells"][1]["id"], nb["cells"][2]["id"] = "first-cell", "the-assert"
+    path.write_text(json.dumps(nb))
+    chapters.run_all([path], tmp_path / "out", timeout=60, gpu_shaped="fp16")
+    report = json.loads((tmp_path / "out" / "chapters.json").read_text())
+    assert report["gpu_shaped"] == "fp16" and "T4-shaped" in report["device"]
+    records = report["chapters"][0]["records"]
+    assert [(r["index"], r["id"], r["ok"]) for r in records] == [
+        (0, "first-cell", True), (1, "the-assert", False)]
+    assert records[1]["error"] == "AssertionError: a is 1"
+    assert records[1]["line"] == "assert a == 2, f'a is {a}'"
+    assert all(r["seconds"] >= 0 for r in records)
+    table = (tmp_path / "out" / "chapters.md").read_text()
+    assert "T4-shaped" in table and "| 01_a | 1/2 |" in table
+    assert "cell 1 `the-assert`: AssertionError: a is 1" in table
+
+
+def test_a_timed_out_chapter_reports_the_cells_it_finished(tmp_path: Path) -> None:
+    path = notebook(tmp_path / "98_slow.ipynb", ["a = 1", "b = 2", "import time\ntime.sleep(60)",
+                                                 "c = 3"])
+    run = chapters.run_in_subprocess(path, timeout=15, log=tmp_path / "log")  # torch imports first
+    assert (run.cells, run.passed, run.current) == (4, 2, 2)
+    assert [(r.index, r.ok) for r in run.records] == [(0, True), (1, True), (2, False)]
+    assert run.failures[-1].cell == 2 and "timed out after 15 s in cell 2" in run.failures[-1].error
+    assert run.timeout == 15
+
+
+def test_the_budget_is_shared_by_the_chapters_left() -> None:
+    assert chapters.chapter_timeout(450, 13, 240) == pytest.approx(450 / 13)
+    assert chapters.chapter_timeout(400, 2, 240) == 200  # what the fast chapters left
+    assert chapters.chapter_timeout(900, 1, 240) == 240  # at most --timeout
+    assert chapters.chapter_timeout(10, 5, 240) == 30  # at least 30 s
+    assert chapters.chapter_timeout(-5, 1, 240) == 30
+
+
+def test_run_all_gives_each_chapter_its_share_of_the_budget(tmp_path: Path) -> None:
+    paths = [notebook(tmp_path / "01_a.ipynb", ["a = 1"]),
+             notebook(tmp_path / "02_b.ipynb", ["b = 1"])]
+    runs = chapters.run_all(paths, tmp_path / "out", timeout=240, budget=100)
+    assert 49 < runs[0].timeout <= 50 < runs[1].timeout <= 100  # the first left time over
+    assert json.loads((tmp_path / "out" / "chapters.json").read_text())["budget"] == 100
+
+
+def test_the_cli_has_a_budget_of_450_s() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    chapters.add_arguments(parser)
+    assert parser.parse_args([]).budget == 450

@@ -152,3 +152,62 @@ def test_chapter_12_uses_the_books_symbols() -> None:
     notation = (CHAPTER.parent / "notation.md").read_text()
     for symbol in ("R", "J", "Z", "G", "μ"):
         assert re.search(rf"^\| {symbol} \|", notation, re.M), f"notation.md lacks {symbol}"
+
+
+# Section 1's roofline cell (c12-08b): naive attention is compute-bound on a CPU core and
+# memory-bound on a GPU; the cell checks the bound of the device it measured, in its dtype.
+def run_ridge_cell(monkeypatch: pytest.MonkeyPatch, hardware, gpu: bool,
+                   capability: tuple[int, int] = (9, 0), name: str = "NVIDIA H200") -> dict:
+    from minillm import roofline
+
+    monkeypatch.delenv("MINILLM_GPU_SHAPED", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *_: SimpleNamespace(total_memory=hardware.memory, name=name))
+    monkeypatch.setattr(roofline, "measure_machine", lambda **_: hardware)
+    namespace = {"io_cost": io_cost, "HARDWARE": HARDWARE, "LENGTHS": [256, 4096], "D": 64,
+                 "H": 2}
+    exec(compile("".join(cells()["c12-08b"]["source"]), "c12-08b", "exec"), namespace)
+    return namespace
+
+
+def _hardware(name: str, flops: float, bandwidth: float, memory: float):
+    from minillm.hardware import Hardware
+
+    return Hardware(name, flops, bandwidth, memory)
+
+
+@pytest.mark.parametrize("hardware, capability, dtype_bytes", [
+    (_hardware("this machine (cuda: NVIDIA H200)", 7.0e14, 4.2e12, 141e9), (9, 0), 2),  # bf16
+    (_hardware("this machine (cuda: Tesla T4)", 4.0e13, 2.4e11, 16e9), (7, 5), 2),  # fp16
+], ids=["H200-bf16", "T4-fp16"])
+def test_on_a_gpu_naive_attention_is_memory_bound(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str], hardware,
+                                                 capability, dtype_bytes) -> None:
+    done = run_ridge_cell(monkeypatch, hardware, gpu=True, capability=capability,
+                          name=hardware.name)
+    assert done["bound"] == "memory"
+    expected = io_cost.attention_flops(4096, 64, 2) / io_cost.hbm_bytes_naive(4096, 64, 2,
+                                                                              dtype_bytes)
+    assert done["naive_intensity"] == pytest.approx(expected), "counted in the GPU's 16 bits"
+    out = capsys.readouterr().out
+    assert "memory-bound here" in out and "compute-bound there" in out
+
+
+def test_on_a_cpu_naive_attention_is_compute_bound(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cpu = _hardware("this machine (cpu)", 6e10, 1.2e10, 8e9)  # one core: ridge 5 FLOP/byte
+    done = run_ridge_cell(monkeypatch, cpu, gpu=False)
+    assert done["bound"] == "compute" and done["caps"].dtype_bytes == 4
+    out = capsys.readouterr().out
+    assert "compute-bound here" in out and "H100's ridge: 295 FLOP/byte" in out
+
+
+def test_the_ridge_cell_fails_where_its_bound_does_not_hold(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A 'GPU' whose ridge sits below naive attention's intensity, or a 'CPU' above it, fails."""
+    with pytest.raises(AssertionError, match="memory-bound on a GPU"):
+        run_ridge_cell(monkeypatch, _hardware("slow gpu", 1e12, 1e12, 16e9), gpu=True)
+    with pytest.raises(AssertionError, match="compute-bound on a CPU"):
+        run_ridge_cell(monkeypatch, _hardware("fast cpu", 1e13, 1e10, 8e9), gpu=False)

@@ -10,11 +10,21 @@ failed cell and records every failure with its exception, so one assert that mis
 device does not hide the others (a later cell that needed the failed one's variables fails
 too, and is recorded as such).
 
-    python -m minillm.bench chapters [NOTEBOOK ...] --out DIR
+    python -m minillm.bench chapters [NOTEBOOK ...] --out DIR [--budget 450] [--timeout 240]
+                                     [--gpu-shaped bf16|fp16]
 
-writes DIR/chapters.json and DIR/chapters.log (every chapter's printed output) and prints one
-line per chapter. Where anywidget or traitlets is missing, a stand-in lets `widgets` import:
-the chapters show views through their static SVG, never through the live widget.
+writes DIR/chapters.json (the device, the shape, and per chapter and per code cell: its index,
+the notebook's cell id, seconds, ok or the error and the line it was raised from),
+DIR/chapters.md (the same as a table to read) and DIR/chapters.log (every chapter's printed
+output), and prints one line per chapter.
+
+The budget keeps a lent machine's run short: each chapter's timeout is what is left of the
+budget over the chapters left (at least 30 s, at most --timeout), so one slow chapter cannot
+eat the whole run. The child writes its partial result before and after every cell, so a
+chapter that times out still reports the cells it finished and the cell it was in.
+--gpu-shaped runs on the CPU with a GPU's rules (minillm.device). Where anywidget or
+traitlets is missing, a stand-in lets `widgets` import: the chapters show views through their
+static SVG, never through the live widget.
 """
 
 from __future__ import annotations
@@ -31,7 +41,10 @@ import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from minillm.device import GPU_SHAPED_ENV, SHAPES, capabilities
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository: minillm/bench/chapters.py
+MIN_CHAPTER_TIMEOUT = 30.0  # seconds: no chapter gets less, whatever is left of the budget
 
 
 @dataclass
@@ -45,14 +58,31 @@ class CellFailure:
 
 
 @dataclass
+class CellRecord:
+    """One code cell run: its index among the code cells, the notebook's cell id, seconds, and
+    whether it raised nothing (else the error and its line, as in CellFailure)."""
+
+    index: int
+    id: str
+    seconds: float
+    ok: bool
+    error: str = ""
+    line: str = ""
+
+
+@dataclass
 class ChapterRun:
-    """One chapter run: code cells in all, how many raised nothing, the failures, seconds."""
+    """One chapter run: code cells in all, how many raised nothing, the failures, seconds, each
+    cell run (records), the timeout it ran under, and the cell it was in (None: it finished)."""
 
     chapter: str
     cells: int = 0
     passed: int = 0
     failures: list[CellFailure] = field(default_factory=list)
     seconds: float = 0.0
+    records: list[CellRecord] = field(default_factory=list)
+    timeout: float | None = None
+    current: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -65,17 +95,40 @@ class ChapterRun:
         return "\n".join([head] + [f"    cell {f.cell}: {f.error}  [{f.line}]"
                                    for f in self.failures])
 
+    @classmethod
+    def from_json(cls, data: dict) -> ChapterRun:
+        data = dict(data)
+        data.pop("ok", None)
+        data["failures"] = [CellFailure(**f) for f in data.get("failures", [])]
+        data["records"] = [CellRecord(**r) for r in data.get("records", [])]
+        return cls(**data)
+
 
 def chapter_paths(root: Path = ROOT) -> list[Path]:
     """The chapter notebooks, NN_topic.ipynb, in order."""
     return sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb"))
 
 
+def notebook_code_cells(path: Path) -> list[tuple[str, str]]:
+    """The (id, source) of each code cell of a notebook, in order ("" where a cell has no id)."""
+    notebook = json.loads(path.read_text())
+    return [(str(cell.get("id", "")),
+             "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"])
+            for cell in notebook["cells"] if cell["cell_type"] == "code"]
+
+
 def code_cells(path: Path) -> list[str]:
     """The source of each code cell of a notebook, in order."""
-    notebook = json.loads(path.read_text())
-    return ["".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    return [source for _, source in notebook_code_cells(path)]
+
+
+def chapter_timeout(budget_left: float, chapters_left: int, timeout: float,
+                    floor: float = MIN_CHAPTER_TIMEOUT) -> float:
+    """A chapter's timeout: what is left of the budget shared by the chapters left, at least
+    floor seconds and at most timeout. While every chapter stays within its share, the share
+    never shrinks, so the run ends within the budget (plus each child's start and kill)."""
+    share = budget_left / max(chapters_left, 1)
+    return min(timeout, max(floor, share))
 
 
 class _StandIn:
@@ -124,63 +177,149 @@ def _failure(index: int, source: str, error: BaseException) -> CellFailure:
                        line[:200])
 
 
-def run_chapter(path: Path) -> ChapterRun:
-    """Run one notebook's code cells in this process (cwd: the notebook's folder)."""
+def _write_json(path: Path, data: object) -> None:
+    """Write whole or not at all: a chapter killed mid-write leaves the last complete result."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run_chapter(path: Path, result: Path | None = None) -> ChapterRun:
+    """Run one notebook's code cells in this process (cwd: the notebook's folder); with result,
+    write the run so far there before and after every cell."""
     os.environ.setdefault("MPLBACKEND", "Agg")  # plt.show() draws nothing, raises nothing
     _stand_in_for_missing(["anywidget", "traitlets"])
-    run = ChapterRun(path.stem)
+    cells = notebook_code_cells(path)
+    run = ChapterRun(path.stem, cells=len(cells))
     namespace: dict[str, object] = {"__name__": "__main__"}
     start = time.perf_counter()
     os.chdir(path.parent)
-    for index, source in enumerate(code_cells(path)):
-        run.cells += 1
-        print(f"--- {path.stem}, code cell {index}", flush=True)
+    for index, (cell_id, source) in enumerate(cells):
+        run.current = index
+        run.seconds = time.perf_counter() - start
+        if result is not None:
+            _write_json(result, asdict(run))
+        print(f"--- {path.stem}, code cell {index} ({cell_id})", flush=True)
+        began = time.perf_counter()
         try:
             exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - our own notebooks
             run.passed += 1
+            run.records.append(CellRecord(index, cell_id, time.perf_counter() - began, True))
         except Exception as error:  # a failed cell is recorded, and the chapter goes on
             traceback.print_exc()
-            run.failures.append(_failure(index, source, error))
+            failure = _failure(index, source, error)
+            run.failures.append(failure)
+            run.records.append(CellRecord(index, cell_id, time.perf_counter() - began, False,
+                                          failure.error, failure.line))
+    run.current = None
     run.seconds = time.perf_counter() - start
+    if result is not None:
+        _write_json(result, asdict(run))
     return run
 
 
-def run_in_subprocess(path: Path, timeout: float, log: Path) -> ChapterRun:
-    """run_chapter in a fresh Python, its output appended to log; a timeout is a failure."""
+def _cell_id(path: Path, index: int) -> str:
+    cells = notebook_code_cells(path)
+    return cells[index][0] if 0 <= index < len(cells) else ""
+
+
+def run_in_subprocess(path: Path, timeout: float, log: Path, gpu_shaped: str | None = None
+                      ) -> ChapterRun:
+    """run_chapter in a fresh Python, its output appended to log; a timeout is a failure of the
+    cell it was in, reported with the cells it finished.
+    gpu_shaped: "bf16" or "fp16" to run the chapter with a GPU's rules (minillm.device)."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "run.json"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), MPLBACKEND="Agg")
+        env.pop(GPU_SHAPED_ENV, None)
+        if gpu_shaped is not None:
+            env[GPU_SHAPED_ENV] = gpu_shaped
         start = time.perf_counter()
+        timed_out = False
         with log.open("a") as out:
             try:
                 subprocess.run([sys.executable, "-m", "minillm.bench.chapters", "--one",
-                                str(path), "--result", str(result)], stdout=out,
+                                str(path), "--result", str(result), "--cells"], stdout=out,
                                stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
             except subprocess.TimeoutExpired:
-                return ChapterRun(path.stem, failures=[CellFailure(
-                    -1, f"timed out after {timeout:.0f} s", "")],
-                    seconds=time.perf_counter() - start)
-        if not result.exists():
-            return ChapterRun(path.stem, failures=[CellFailure(
-                -1, f"the chapter's Python exited without a result: see {log.name}", "")],
-                seconds=time.perf_counter() - start)
-        data = json.loads(result.read_text())
-        data["failures"] = [CellFailure(**f) for f in data["failures"]]
-        return ChapterRun(**data)
+                timed_out = True
+        seconds = time.perf_counter() - start
+        run = (ChapterRun.from_json(json.loads(result.read_text())) if result.exists()
+               else ChapterRun(path.stem))
+        in_child = run.seconds  # to the start of the cell it was in, if it was killed
+        run.timeout, run.seconds = timeout, seconds
+        if timed_out:
+            cell = run.current if run.current is not None else -1
+            error = f"timed out after {timeout:.0f} s" + (f" in cell {cell}" if cell >= 0 else "")
+            run.failures.append(CellFailure(cell, error, ""))
+            if cell >= 0:
+                run.records.append(CellRecord(cell, _cell_id(path, cell),
+                                              max(0.0, seconds - in_child), False, error))
+        elif not result.exists() or run.current is not None:
+            where = f" in cell {run.current}" if run.current is not None else ""
+            run.failures.append(CellFailure(
+                -1 if run.current is None else run.current,
+                f"the chapter's Python exited without a result{where}: see {log.name}", ""))
+        return run
 
 
-def run_all(paths: list[Path], out: Path, timeout: float = 240.0) -> list[ChapterRun]:
-    """Run each chapter in its own subprocess; write out/chapters.json after each one."""
+def describe_device(gpu_shaped: str | None) -> str:
+    """minillm.device's description of the device the chapters run with (this shape)."""
+    saved = os.environ.pop(GPU_SHAPED_ENV, None)
+    try:
+        if gpu_shaped is not None:
+            os.environ[GPU_SHAPED_ENV] = gpu_shaped
+        return capabilities().describe()
+    finally:
+        os.environ.pop(GPU_SHAPED_ENV, None)
+        if saved is not None:
+            os.environ[GPU_SHAPED_ENV] = saved
+
+
+def report_markdown(report: dict) -> str:
+    """chapters.json as a table to read: chapter, cells passed, seconds, failures."""
+    lines = [(f"# bench chapters: {report['passed']}/{report['cells']} code cells passed in "
+              f"{report['seconds']:.0f} s"), "",
+             f"- device: {report['device']}",
+             f"- GPU-shaped: {report['gpu_shaped'] or 'no'}",
+             f"- budget: {report['budget']:.0f} s" if report["budget"] is not None
+             else "- budget: none", "",
+             "| chapter | cells passed | seconds | timeout | failures |",
+             "|---|---|---|---|---|"]
+    for run in report["chapters"]:
+        ids = {r["index"]: r["id"] for r in run["records"]}
+        failures = "<br>".join(
+            f"cell {f['cell']} `{ids.get(f['cell'], '')}`: {f['error']}"
+            + (f" [`{f['line']}`]" if f["line"] else "") for f in run["failures"])
+        timeout = f"{run['timeout']:.0f}" if run["timeout"] is not None else ""
+        lines.append(f"| {run['chapter']} | {run['passed']}/{run['cells']} | "
+                     f"{run['seconds']:.1f} | {timeout} | "
+                     f"{failures.replace('|', chr(92) + '|') or 'ok'} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_all(paths: list[Path], out: Path, timeout: float = 240.0,
+            gpu_shaped: str | None = None, budget: float | None = None) -> list[ChapterRun]:
+    """Run each chapter in its own subprocess; write out/chapters.json and chapters.md after
+    each one. budget: seconds for them all (chapter_timeout), None: timeout each."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "chapters.log"
     log.write_text("")
+    device = describe_device(gpu_shaped)
     runs: list[ChapterRun] = []
-    for path in paths:
-        runs.append(run_in_subprocess(path, timeout, log))
+    start = time.perf_counter()
+    for done, path in enumerate(paths):
+        left = None if budget is None else budget - (time.perf_counter() - start)
+        limit = timeout if left is None else chapter_timeout(left, len(paths) - done, timeout)
+        runs.append(run_in_subprocess(path, limit, log, gpu_shaped))
         print(runs[-1].summary(), flush=True)
-        (out / "chapters.json").write_text(json.dumps(
-            [dict(asdict(r), ok=r.ok) for r in runs], indent=2) + "\n")
+        report = {"device": device, "gpu_shaped": gpu_shaped, "budget": budget,
+                  "seconds": time.perf_counter() - start,
+                  "cells": sum(r.cells for r in runs), "passed": sum(r.passed for r in runs),
+                  "chapters": [dict(asdict(r), ok=r.ok) for r in runs]}
+        _write_json(out / "chapters.json", report)
+        (out / "chapters.md").write_text(report_markdown(report))
     return runs
 
 
@@ -188,14 +327,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("notebooks", nargs="*", type=Path,
                         help="chapter notebooks (default: every chapters/NN_*.ipynb)")
     parser.add_argument("--out", type=Path, default=Path("."),
-                        help="folder for chapters.json and chapters.log")
-    parser.add_argument("--timeout", type=float, default=240.0,
-                        help="seconds one chapter may take (default 240)")
+                        help="folder for chapters.json, chapters.md and chapters.log")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds one chapter may take at most (default 240; 900 in a "
+                             "GPU-shaped run, whose 16-bit CPU matmuls are slow)")
+    parser.add_argument("--budget", type=float, default=450.0,
+                        help="seconds for all the chapters (default 450, the lent GPU's call): "
+                             "each gets what is left over the chapters left, at least "
+                             f"{MIN_CHAPTER_TIMEOUT:.0f} s; 0 for no budget (--timeout each, "
+                             "as in a GPU-shaped run, which takes minutes a chapter)")
+    parser.add_argument("--gpu-shaped", choices=sorted(SHAPES), default=None,
+                        help="run on the CPU with a GPU's rules: bf16 as an H200, fp16 as a T4")
 
 
 def main(args: argparse.Namespace) -> int:
     """0 when every chapter ran with no failed cell, else 1."""
-    runs = run_all(args.notebooks or chapter_paths(), args.out, args.timeout)
+    shaped = args.gpu_shaped is not None
+    budget = None if shaped else args.budget or None  # a GPU-shaped run has no lent time to fit
+    timeout = args.timeout or (900.0 if shaped else 240.0)
+    runs = run_all(args.notebooks or chapter_paths(), args.out, timeout, args.gpu_shaped, budget)
     return 0 if runs and all(r.ok for r in runs) else 1
 
 
@@ -203,6 +353,13 @@ if __name__ == "__main__":  # one chapter, in the subprocess run_in_subprocess s
     one = argparse.ArgumentParser()
     one.add_argument("--one", type=Path, required=True)
     one.add_argument("--result", type=Path, required=True)
+    one.add_argument("--cells", action="store_true",
+                     help="per-cell records, written before and after every cell (without it: "
+                          "the totals at the end, as a parent started before them reads)")
     ns = one.parse_args()
-    chapter = run_chapter(ns.one.resolve())
-    ns.result.write_text(json.dumps(asdict(chapter)))
+    if ns.cells:
+        run_chapter(ns.one.resolve(), ns.result.resolve())
+    else:
+        chapter = asdict(run_chapter(ns.one.resolve()))
+        ns.result.write_text(json.dumps({k: chapter[k] for k in
+                                         ("chapter", "cells", "passed", "failures", "seconds")}))
