@@ -69,7 +69,7 @@ class DeviceCaps:
 
     @property
     def dtype_bytes(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def kv_cache_dtypes(self) -> tuple[str, ...]:
