@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minillm import LLM, SamplingParams
+from minillm import LLM, SamplingParams, serving
 from minillm.bench.__main__ import main
 from minillm.bench.serve import SweepResult, sweep
 from minillm.serving import ServingResult, parse_slo, run_serving
@@ -96,18 +96,36 @@ def test_report_matches_a_hand_computation(llm):
     assert llm.stats()["num_free_blocks"] == llm.stats()["num_blocks"]
 
 
-def test_open_loop_never_admits_a_request_before_it_arrives(llm):
+def test_open_loop_never_admits_a_request_before_it_arrives(llm, monkeypatch):
     # Request 2 arrives after the first two are done, so the driver must idle until it does.
+    # The engine runs on a virtual clock (1 ms per reading, sleeps advance it) so that how busy
+    # this machine is cannot decide whether the first two finish before the third arrives.
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1e-3
+        return now[0]
+
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(llm.engine, "clock", clock)
+    monkeypatch.setattr(serving.time, "sleep", sleep)
     w = Workload([RequestSpec(t, 6, 3, seed=i) for i, t in enumerate([0.0, 0.01, 0.2, 0.21])])
     result = run_serving(llm, w, warmup=False)
     arrival = {}
     for i, (spec, out) in enumerate(zip(w, result.outputs)):
         arrival[str(i)] = out.metrics.arrival_time
-        assert out.metrics.arrival_time == result.start + spec.arrival_time
+        assert out.metrics.arrival_time == pytest.approx(result.start + spec.arrival_time)
         assert out.metrics.first_scheduled_time >= out.metrics.arrival_time
     for step in result.trace:
+        assert step.scheduled  # the driver sleeps; it never steps an engine with nothing to do
         assert all(step.start >= arrival[e.request_id] for e in step.scheduled)
     assert result.outputs[1].metrics.finished_time < result.outputs[2].metrics.arrival_time
+    assert sleeps and sum(sleeps) > 0.1  # it slept through most of the 0.19 s gap
     assert result.summary.duration >= 0.21
 
 
