@@ -1,11 +1,16 @@
 """minillm: a compact, real LLM inference engine that the textbook's chapters measure live.
 
+Imports point one way, up these layers (tests/test_import_layers.py): calculators, engine
+core, workloads, simulator and fleet, serving and measurement, deployment planning, this public
+API, then what readers run (widgets, labs, bench, train, the CLI). See the README's module map.
+
 Module map (one concept each):
 
     config.py        EngineConfig: block size, budgets, scheduling policy, pool size
     model_config.py  ModelConfig: a Llama-family shape read from a Hugging Face config.json
     model.py         the decoder (RMSNorm, RoPE, GQA attention, SwiGLU) and checkpoint loading
-    models.py        named shapes of public models (llama-3-8b, qwen3-0.6b, ...), random weights
+    models.py        named shapes of public models (llama-3-8b, qwen3-0.6b, ...) for the
+                     calculators; LlamaForCausalLM.random (model.py) fills one with weights
     tokenizer.py     the checkpoint's tokenizer and incremental detokenization
     request.py       Request (tokens, progress, block table) and RequestOutput
     sampling.py      SamplingParams and the batched Sampler (greedy, temperature, top-k, top-p)
@@ -42,7 +47,8 @@ Module map (one concept each):
     server_process.py  minillm serve in a process of its own: ServerProcess (start-up timed)
     serving_result.py  a serving run's report: per-request records, vLLM's figures and JSON
     serve/           minillm serve (OpenAI-compatible HTTP server) and the benchmark client
-    simulator.py     the real scheduler on a virtual clock priced by the roofline: simulate()
+    simulator.py     simulate(): a workload through the simulated engine, priced by the roofline
+    simulated_engine.py  Simulator: the real scheduler and block manager on a virtual clock
     simulated_pool.py  the simulated GPU's KV pool: blocks left after the weights, per layout
     fleet.py         N simulated replicas behind a router on one virtual clock: simulate_fleet()
     disaggregation.py  prefill and decode pools, the K/V shipped over a link between them:

@@ -13,9 +13,11 @@ and a laptop each get the engine that suits them, and the rules are tested on fa
 
 The GPU-shaped run (`python -m minillm.bench chapters --gpu-shaped bf16|fp16`) sets
 MINILLM_GPU_SHAPED so that a CPU run takes a GPU's rules: bf16 as an H200 (sm_90, 141 GB) or
-fp16 as a T4 (sm_75, 16 GB), fp8 K/V refused on the latter. It keeps the CPU's tensors and the
-torch attention backend (Triton's interpreter runs a 135M-parameter prefill ~100x slower than
-the reference: the kernels are checked under it by their own tests and chapters 04 and 12).
+fp16 as a T4 (sm_75, 16 GB), fp8 K/V refused on the latter. It keeps the CPU's tensors and, by
+default, the torch attention backend. With MINILLM_GPU_SHAPED_ATTENTION=triton (`--attention
+triton`) attention="auto" builds the Triton kernels too, run by Triton's interpreter
+(TRITON_INTERPRET=1), as a GPU would build them; the interpreter is ~100x slower than the
+reference, so that run is for chapters a reader picks, not the whole book.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import torch
 
 GPU_SHAPED_ENV = "MINILLM_GPU_SHAPED"
+GPU_SHAPED_ATTENTION_ENV = "MINILLM_GPU_SHAPED_ATTENTION"  # "torch" (default) or "triton"
 FP8_KV_CAPABILITY = (8, 9)  # Triton's fp8 e4m3 conversions: Ada (sm_89), Hopper (sm_90)
 BF16_CAPABILITY = (8, 0)  # bf16 tensor cores: Ampere and up
 
@@ -45,13 +48,15 @@ def has_fp8_kv(capability: tuple[int, int] | None) -> bool:
 @dataclasses.dataclass(frozen=True)
 class DeviceCaps:
     """A device's name, torch device type, CUDA compute capability (None: a CPU's rules) and
-    memory in bytes. shaped: a CPU run that takes a GPU's rules (the GPU-shaped run)."""
+    memory in bytes. shaped: a CPU run that takes a GPU's rules (the GPU-shaped run);
+    interpreted_triton: that run builds the Triton kernels, under Triton's interpreter."""
 
     name: str
     torch_device: str
     capability: tuple[int, int] | None
     memory_bytes: int
     shaped: bool = False
+    interpreted_triton: bool = False
 
     @property
     def gpu(self) -> bool:
@@ -89,8 +94,9 @@ class DeviceCaps:
 
     @property
     def attention_backend(self) -> str:
-        """What attention_backend="auto" builds: the Triton kernels on CUDA, torch elsewhere."""
-        return "triton" if self.torch_device == "cuda" else "torch"
+        """What attention_backend="auto" builds: the Triton kernels on CUDA (and in a GPU-shaped
+        run that asks for them, interpreted), torch elsewhere."""
+        return "triton" if self.torch_device == "cuda" or self.interpreted_triton else "torch"
 
     @property
     def cuda_graphs(self) -> bool:
@@ -103,9 +109,11 @@ class DeviceCaps:
 
     def describe(self) -> str:
         how = " (GPU-shaped: a CPU run with this GPU's rules)" if self.shaped else ""
+        interpreted = " (interpreted)" if self.interpreted_triton else ""
         return (f"{self.name}, {self.sm}, {self.memory_bytes / 1e9:.0f} GB, engine dtype "
                 f"{str(self.dtype).removeprefix('torch.')}, K/V dtypes "
-                f"{'/'.join(self.kv_cache_dtypes)}, attention {self.attention_backend}{how}")
+                f"{'/'.join(self.kv_cache_dtypes)}, attention {self.attention_backend}"
+                f"{interpreted}{how}")
 
 
 # The two GPUs the book is written for, by the dtype that picks them in the GPU-shaped run.
@@ -124,6 +132,31 @@ def gpu_shape() -> str | None:
     if shape is not None and shape not in SHAPES:
         raise ValueError(f"{GPU_SHAPED_ENV} must be one of {sorted(SHAPES)}, got {shape!r}")
     return shape
+
+
+def gpu_shaped_attention() -> str:
+    """The attention backend "auto" builds in a GPU-shaped run: "torch" (the default) or "triton"
+    (under Triton's interpreter, which must then be on); any other value is refused."""
+    backend = os.environ.get(GPU_SHAPED_ATTENTION_ENV) or "torch"
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"{GPU_SHAPED_ATTENTION_ENV} must be 'torch' or 'triton', got {backend!r}")
+    if backend == "triton" and not interpreting():
+        raise ValueError(f"{GPU_SHAPED_ATTENTION_ENV}=triton runs the kernels on the CPU, so it "
+                         "needs TRITON_INTERPRET=1 set before triton is imported")
+    return backend
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter, which needs fp32 arithmetic (every
+    kernel upcasts after each load there)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's precision for fp32 operands. An fp32 model needs exact products ("ieee"); fp16
+    and bf16 values upcast to fp32 (interpreter only) are exact in tf32. On a GPU, fp16 and bf16
+    operands go to the tensor cores as they are and this setting does not apply to them."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _ram_bytes() -> int:
@@ -145,5 +178,6 @@ def capabilities(device: str | torch.device | None = None) -> DeviceCaps:
     shape = gpu_shape()
     if shape is not None:
         name, capability, memory = SHAPES[shape]
-        return DeviceCaps(name, dev.type, capability, memory, shaped=True)
+        return DeviceCaps(name, dev.type, capability, memory, shaped=True,
+                          interpreted_triton=gpu_shaped_attention() == "triton")
     return DeviceCaps(f"this {dev.type}", dev.type, None, _ram_bytes())

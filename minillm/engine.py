@@ -17,7 +17,7 @@ from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
-from minillm.quant.kv import allocate_kv_pool
+from minillm.quant.kv_pool import allocate_kv_pool
 from minillm.request import Request, RequestOutput
 from minillm.sampling import Sampler, SamplingParams, check_unicode
 from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput

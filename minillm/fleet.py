@@ -45,8 +45,8 @@ from minillm.router import (
     RoutingName,
     make_router,
 )
+from minillm.simulated_engine import Simulator, StepTimer
 from minillm.simulated_pool import resolve_config
-from minillm.simulator import Simulator, StepTimer
 from minillm.trace import StepRecord
 from minillm.workload import RequestSpec, Workload
 

@@ -17,7 +17,7 @@ from minillm.engine import Engine
 from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
 from minillm.quant.int8 import quantize_model
-from minillm.quant.kv import kv_pool_block_bytes
+from minillm.quant.kv_pool import kv_pool_block_bytes
 from minillm.request import Request, RequestOutput
 from minillm.sampling import SamplingParams
 from minillm.tokenizer import load_tokenizer

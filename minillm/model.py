@@ -22,6 +22,7 @@ from minillm.attention.torch_ref import TorchAttention
 from minillm.batch import AttentionMetadata
 from minillm.merged_weights import keep_checkpoint_names, stack_parts
 from minillm.model_config import ModelConfig
+from minillm.models import ModelLike, as_config
 
 
 class RMSNorm(nn.Module):
@@ -248,9 +249,14 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()  # (S, E) -> (S, V)
 
     @classmethod
-    def random(cls, config: ModelConfig, dtype: torch.dtype = torch.float32,
+    def random(cls, config: ModelLike, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu", seed: int = 0) -> LlamaForCausalLM:
-        """Random weights of the given shape, for speed and memory experiments."""
+        """Random weights of the given shape (a ModelConfig, or a name in minillm.models), for
+        speed and memory experiments. Memory: num_params * dtype bytes on `device` (llama-3-8b
+        in bfloat16: 16 GB), so the large shapes are for a GPU or the meta device. A Qwen3
+        shape runs without its q/k norms: its speed and memory are the model's (the norms are
+        0.001% of the weights and FLOPs); its numerics are random anyway."""
+        config = as_config(config)
         torch.manual_seed(seed)
         with torch.device(device), skip_weight_init():
             model = cls(config)

@@ -1,8 +1,9 @@
 """Named shapes of public models, from their published Hugging Face config.json files.
 
 The shapes feed the calculators (KV bytes, roofline, simulator) and, with random weights, the
-speed and memory chapters on a GPU. No weights are downloaded: `random_model` fills the shape
-with random numbers, which is all a speed or memory experiment needs.
+speed and memory chapters on a GPU. No weights are downloaded: `LlamaForCausalLM.random`
+(minillm.model) fills a shape with random numbers, which is all a speed or memory experiment
+needs. This module imports no torch and no engine: the calculators stand on it.
 
     >>> from minillm import models
     >>> models.get("llama-3-8b").num_params        # computed from the shape
@@ -14,14 +15,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from minillm.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    import torch
-
-    from minillm.model import LlamaForCausalLM
 
 # A model as the calculators take it: a name, a ModelConfig, a config.json dict, or a
 # transformers PretrainedConfig (Any: transformers is not imported here).
@@ -130,7 +126,8 @@ def _build(key: str) -> ModelConfig:
 
 def from_hf_dict(hf: Mapping[str, Any]) -> ModelConfig:
     """A ModelConfig from a config.json dict; also reads Qwen3, for shape arithmetic (its q/k
-    norms, 256 weights a layer, are neither counted in num_params nor built by random_model)."""
+    norms, 256 weights a layer, are neither counted in num_params nor built by
+    LlamaForCausalLM.random)."""
     hf = {k: v for k, v in hf.items() if not k.startswith("_")}
     model_type = hf.get("model_type", "llama")
     alias = _SHAPE_ALIASES.get(model_type)
@@ -153,19 +150,3 @@ def as_config(model: ModelLike) -> ModelConfig:
         return from_hf_dict(model.to_dict())
     raise ValueError(f"model must be a name ({', '.join(names())}), a ModelConfig, a config.json "
                      f"dict or a transformers config, got {type(model).__name__}: {model!r}")
-
-
-def random_model(model: str | ModelConfig, dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu", seed: int = 0) -> LlamaForCausalLM:
-    """minillm's decoder with random weights of the named shape (dtype default: float32).
-
-    Memory: num_params * dtype bytes on `device` (llama-3-8b in bfloat16: 16 GB), so the large
-    shapes are for a GPU. Pass a shape to LLM(models.get(name)) to serve it with the engine.
-    """
-    import torch
-
-    from minillm.model import LlamaForCausalLM
-
-    # A Qwen3 shape runs without its q/k norms: its speed and memory are the model's (the
-    # norms are 0.001% of the weights and FLOPs); its numerics are random anyway.
-    return LlamaForCausalLM.random(as_config(model), dtype or torch.float32, device, seed)

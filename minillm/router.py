@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from minillm.simulator import Simulator
+from minillm.simulated_engine import Simulator
 from minillm.workload import RequestSpec
 
 

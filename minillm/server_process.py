@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-import minillm
 from minillm import machine
 
 _RESERVED_FLAGS = ("--host", "--port")
@@ -77,7 +76,7 @@ def child_env(torch_threads: int | None) -> dict[str, str]:
     """The child's environment: this process's, with minillm importable from where this one
     imported it (whatever the working directory), and its torch thread count pinned if asked."""
     env = dict(os.environ)
-    home = str(Path(minillm.__file__).resolve().parent.parent)
+    home = str(Path(__file__).resolve().parents[1])  # the folder holding minillm/
     env["PYTHONPATH"] = os.pathsep.join([home, *filter(None, [env.get("PYTHONPATH")])])
     if torch_threads is not None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)

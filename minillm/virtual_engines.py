@@ -38,7 +38,7 @@ from minillm.fleet import Fleet
 from minillm.model_config import ModelConfig
 from minillm.request import Request
 from minillm.router import ReplicaView
-from minillm.simulator import Simulator
+from minillm.simulated_engine import Simulator
 from minillm.trace import StepRecord
 from minillm.workload import RequestSpec
 

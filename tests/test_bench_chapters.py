@@ -142,3 +142,25 @@ def test_the_cli_has_a_budget_of_450_s() -> None:
     parser = argparse.ArgumentParser()
     chapters.add_arguments(parser)
     assert parser.parse_args([]).budget == 450
+
+
+def test_a_triton_shaped_chapter_builds_the_interpreted_kernels(tmp_path: Path) -> None:
+    """--attention triton: the chapter's Python has the interpreter on before triton loads, and
+    LLM() builds the Triton backend as a GPU would; without a shape the option is refused."""
+    assert chapters.shaped_environment("fp16", "triton") == {
+        "MINILLM_GPU_SHAPED": "fp16", "MINILLM_GPU_SHAPED_ATTENTION": "triton",
+        "TRITON_INTERPRET": "1"}
+    assert chapters.shaped_environment(None) == {}
+    with pytest.raises(ValueError, match="GPU-shaped"):
+        chapters.shaped_environment(None, "triton")
+    path = notebook(tmp_path / "02_t.ipynb", [
+        "import os\nassert os.environ['TRITON_INTERPRET'] == '1'",
+        "from minillm import LLM, SamplingParams\nllm = LLM(max_num_seqs=2)\n"
+        "assert llm.engine.backend.name == 'triton', llm.engine.backend.name",
+        "out = llm.generate(['ROMEO:'], SamplingParams(max_tokens=3, temperature=0.0))\n"
+        "assert len(out[0].token_ids) == 3"])
+    runs = chapters.run_all([path], tmp_path / "out", timeout=300, gpu_shaped="fp16",
+                            attention="triton")
+    assert runs[0].ok, runs[0].summary()
+    report = json.loads((tmp_path / "out" / "chapters.json").read_text())
+    assert report["attention"] == "triton" and "(interpreted)" in report["device"]

@@ -101,6 +101,43 @@ def test_the_gpu_shaped_cpu_takes_the_gpus_rules(monkeypatch, shape, name, sm, d
     assert "GPU-shaped" in caps.describe()
 
 
+def test_the_gpu_shaped_run_can_build_the_interpreted_triton_kernels(monkeypatch) -> None:
+    monkeypatch.setenv(device.GPU_SHAPED_ENV, "fp16")
+    monkeypatch.setenv(device.GPU_SHAPED_ATTENTION_ENV, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    caps = capabilities("cpu")
+    assert (caps.attention_backend, caps.cuda_graphs, caps.interpreted_triton) == (
+        "triton", False, True)
+    assert "attention triton (interpreted)" in caps.describe()
+    monkeypatch.delenv("TRITON_INTERPRET")  # the kernels would be built for CUDA: refused
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        capabilities("cpu")
+    monkeypatch.setenv(device.GPU_SHAPED_ATTENTION_ENV, "flash")
+    with pytest.raises(ValueError, match="'flash'"):
+        capabilities("cpu")
+    monkeypatch.delenv(device.GPU_SHAPED_ENV)  # without a shape the variable changes nothing
+    assert capabilities("cpu").attention_backend == "torch"
+
+
+def test_llm_t4_shaped_with_triton_attends_through_the_kernels_as_torch_does(monkeypatch) -> None:
+    """What a T4 runs: fp16 weights, Triton attention; the interpreter stands in for the GPU.
+    Greedy fp16 text from the kernels and from torch's attention agree on a short prompt."""
+    from minillm import SamplingParams
+    from minillm.attention.triton_backend import TritonAttention
+    from minillm.llm import LLM
+
+    assert device.os.environ.get("TRITON_INTERPRET") == "1"  # conftest, before triton loads
+    monkeypatch.setenv(device.GPU_SHAPED_ENV, "fp16")
+    monkeypatch.setenv(device.GPU_SHAPED_ATTENTION_ENV, "triton")
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    kernels = LLM(device="cpu", max_num_seqs=2)
+    assert isinstance(kernels.engine.backend, TritonAttention)
+    reference = LLM(device="cpu", max_num_seqs=2, attention_backend="torch")
+    prompt = "ROMEO:\nBut soft, what light"
+    assert kernels.generate([prompt], params)[0].token_ids == (
+        reference.generate([prompt], params)[0].token_ids)
+
+
 def test_llm_t4_shaped_builds_in_fp16_and_refuses_fp8_before_loading(monkeypatch) -> None:
     from minillm import llm as llm_module
     from minillm.llm import LLM

@@ -301,9 +301,10 @@ def compile_every_kernel(arch: int, dtype_name: str, block_d: int = 128,
 
     from minillm.attention import tiles as tile_table
     from minillm.attention import triton_decode, triton_extend, triton_write_kv
+    from minillm.device import dot_precision
 
     dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype_name])
-    precision = triton_decode.dot_precision(dtype)
+    precision = dot_precision(dtype)
     capability = divmod(arch, 10)
     tiles = tile_table.tiles_for_capability(capability, block_d, dtype.itemsize)
     shared_limit = tile_table.SHARED_MEMORY_BYTES[capability]

@@ -35,13 +35,15 @@ from minillm.quality import perplexity  # noqa: E402
 from minillm.quant.kv import (  # noqa: E402
     CALIBRATION_MARGIN,
     KV_QMAX,
-    allocate_kv_pool,
-    calibrate_kv_scales,
     dequantize_kv,
-    kv_pool_block_bytes,
     kv_storage_dtype,
     quantize_kv,
     scales_from_amax,
+)
+from minillm.quant.kv_pool import (  # noqa: E402
+    allocate_kv_pool,
+    calibrate_kv_scales,
+    kv_pool_block_bytes,
 )
 from minillm.request import Request  # noqa: E402
 from minillm.scheduler import ScheduledRequest  # noqa: E402

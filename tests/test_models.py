@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from minillm import models
+from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
 
 pytestmark = pytest.mark.ch03  # the shapes behind weight and KV sizing
@@ -83,7 +84,7 @@ def test_as_config_accepts_dicts_and_transformers_configs():
 @pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b"])
 def test_random_model_has_num_params(name):
     """Built on the meta device: the shapes without the memory."""
-    model = models.random_model(name, torch.bfloat16, "meta")
+    model = LlamaForCausalLM.random(name, torch.bfloat16, "meta")
     assert sum(p.numel() for p in model.parameters()) == models.get(name).num_params
     assert model.lm_head.weight.dtype == torch.bfloat16
 
@@ -91,6 +92,6 @@ def test_random_model_has_num_params(name):
 def test_random_model_runs_a_small_shape():
     config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    model = models.random_model(config)
+    model = LlamaForCausalLM.random(config)
     assert model.config is config
     assert all(torch.isfinite(p).all() for p in model.parameters())

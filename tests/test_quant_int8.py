@@ -22,10 +22,10 @@ from test_model import paged_logits  # noqa: E402  (teacher-forced logits at eve
 
 from minillm import LLM, ModelConfig, SamplingParams  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
-from minillm.quant import (  # noqa: E402
+from minillm.quant import int8_kernel  # noqa: E402
+from minillm.quant.int8 import (  # noqa: E402
     Int8Linear,
     dequantize,
-    int8_kernel,
     projection_weight_bytes,
     quantize_model,
     quantize_per_channel,
@@ -138,7 +138,7 @@ def compile_int8_kernel(arch: int, dtype_name: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from minillm.attention.triton_decode import dot_precision
+    from minillm.device import dot_precision
     from minillm.quant import int8_kernel as kernels
 
     dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype_name])

@@ -6,7 +6,7 @@ import pytest
 
 from minillm import parallel
 from minillm.parallel import ParallelConfig
-from minillm.quant import SCHEMES, get_scheme
+from minillm.quant.schemes import SCHEMES, get_scheme
 
 MODEL, GPU = "llama-3-8b", "H100-SXM"
 

@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+import minillm
 from minillm import server_process
 from minillm.server_process import ServerProcess, child_env
 
@@ -106,7 +107,7 @@ def test_a_server_that_exits_names_its_output_and_is_gone() -> None:
 
 def test_the_child_imports_this_minillm_and_pins_threads() -> None:
     env = child_env(torch_threads=1)
-    home = os.path.dirname(os.path.dirname(server_process.minillm.__file__))
+    home = os.path.dirname(os.path.dirname(minillm.__file__))  # the minillm imported here
     assert env["PYTHONPATH"].split(os.pathsep)[0] == os.path.realpath(home)
     assert env["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in child_env(None) or \

@@ -123,7 +123,8 @@ def check_kv_scales(kv_cache: torch.Tensor, kv_scales: torch.Tensor | None) -> N
     K = kv_cache.shape[3]
     if kv_scales is None:
         raise ValueError(f"a {kv_cache.dtype} KV cache needs kv_scales (2, {K}) fp32 to "
-                         "dequantize: calibrate them with minillm.quant.kv.calibrate_kv_scales")
+                         "dequantize: calibrate them with "
+                         "minillm.quant.kv_pool.calibrate_kv_scales")
     if (kv_scales.shape != (2, K) or kv_scales.dtype != torch.float32
             or kv_scales.device != kv_cache.device):
         raise ValueError(f"kv_scales must be (2, {K}) float32 on {kv_cache.device}, got "

@@ -37,7 +37,6 @@ without any of it.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -50,6 +49,7 @@ from minillm.attention.triton_write_kv import (
     kv_dtype_name,
     scale_pointers,
 )
+from minillm.device import dot_precision, interpreting
 
 MIN_SPLIT_TOKENS = 256  # a shorter split costs more (partial store and merge) than it saves
 MAX_SPLITS = 16
@@ -290,18 +290,6 @@ def head_dim_block(D: int) -> int:
     """D padded to a power of two (tl.arange needs one) and to at least 16 (tl.dot needs it);
     the padding lanes are masked: zeros in q, k and v, never stored."""
     return max(16, triton.next_power_of_2(D))
-
-
-def interpreting() -> bool:
-    """Whether triton runs kernels in its CPU interpreter, which needs fp32 arithmetic."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's precision for fp32 operands. An fp32 model needs exact products ("ieee"); fp16
-    and bf16 values upcast to fp32 (interpreter only) are exact in tf32. On a GPU, fp16 and bf16
-    operands go to the tensor cores as they are and this setting does not apply to them."""
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def check_paged_inputs(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,

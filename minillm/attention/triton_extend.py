@@ -31,14 +31,13 @@ from minillm.attention.tiles import tiles_for
 from minillm.attention.triton_decode import (
     LOG2_E,
     check_paged_inputs,
-    dot_precision,
     head_dim_block,
-    interpreting,
     load_kv_tile,
     load_scales,
     online_softmax_step,
 )
 from minillm.attention.triton_write_kv import kv_dtype_name, scale_pointers
+from minillm.device import dot_precision, interpreting
 
 
 @triton.jit

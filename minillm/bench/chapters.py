@@ -11,7 +11,7 @@ device does not hide the others (a later cell that needed the failed one's varia
 too, and is recorded as such).
 
     python -m minillm.bench chapters [NOTEBOOK ...] --out DIR [--budget 450] [--timeout 240]
-                                     [--gpu-shaped bf16|fp16]
+                                     [--gpu-shaped bf16|fp16 [--attention triton]]
 
 writes DIR/chapters.json (the device, the shape, and per chapter and per code cell: its index,
 the notebook's cell id, seconds, ok or the error and the line it was raised from),
@@ -22,7 +22,9 @@ The budget keeps a lent machine's run short: each chapter's timeout is what is l
 budget over the chapters left (at least 30 s, at most --timeout), so one slow chapter cannot
 eat the whole run. The child writes its partial result before and after every cell, so a
 chapter that times out still reports the cells it finished and the cell it was in.
---gpu-shaped runs on the CPU with a GPU's rules (minillm.device). Where anywidget or
+--gpu-shaped runs on the CPU with a GPU's rules (minillm.device); --attention triton makes it
+build the Triton kernels as a GPU would, run by Triton's interpreter (about a hundred times
+slower than torch's attention: pick the chapters). Where anywidget or
 traitlets is missing, a stand-in lets `widgets` import: the chapters show views through their
 static SVG, never through the live widget.
 """
@@ -41,7 +43,7 @@ import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from minillm.device import GPU_SHAPED_ENV, SHAPES, capabilities
+from minillm.device import GPU_SHAPED_ATTENTION_ENV, GPU_SHAPED_ENV, SHAPES, capabilities
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: minillm/bench/chapters.py
 MIN_CHAPTER_TIMEOUT = 30.0  # seconds: no chapter gets less, whatever is left of the budget
@@ -223,18 +225,33 @@ def _cell_id(path: Path, index: int) -> str:
     return cells[index][0] if 0 <= index < len(cells) else ""
 
 
-def run_in_subprocess(path: Path, timeout: float, log: Path, gpu_shaped: str | None = None
-                      ) -> ChapterRun:
+def shaped_environment(gpu_shaped: str | None, attention: str = "torch") -> dict[str, str]:
+    """The environment variables that give a chapter's Python this shape (none: the device's
+    own rules). attention "triton" turns Triton's interpreter on before anything imports it."""
+    if gpu_shaped is None:
+        if attention != "torch":
+            raise ValueError("--attention triton is for a GPU-shaped run (on a GPU the Triton "
+                             "kernels are what attention='auto' builds already)")
+        return {}
+    env = {GPU_SHAPED_ENV: gpu_shaped, GPU_SHAPED_ATTENTION_ENV: attention}
+    if attention == "triton":
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def run_in_subprocess(path: Path, timeout: float, log: Path, gpu_shaped: str | None = None,
+                      attention: str = "torch") -> ChapterRun:
     """run_chapter in a fresh Python, its output appended to log; a timeout is a failure of the
     cell it was in, reported with the cells it finished.
-    gpu_shaped: "bf16" or "fp16" to run the chapter with a GPU's rules (minillm.device)."""
+    gpu_shaped: "bf16" or "fp16" to run the chapter with a GPU's rules (minillm.device), with
+    the torch attention backend or, attention="triton", the interpreted Triton kernels."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "run.json"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), MPLBACKEND="Agg")
-        env.pop(GPU_SHAPED_ENV, None)
-        if gpu_shaped is not None:
-            env[GPU_SHAPED_ENV] = gpu_shaped
+        for name in (GPU_SHAPED_ENV, GPU_SHAPED_ATTENTION_ENV):
+            env.pop(name, None)
+        env.update(shaped_environment(gpu_shaped, attention))
         start = time.perf_counter()
         timed_out = False
         with log.open("a") as out:
@@ -264,17 +281,18 @@ def run_in_subprocess(path: Path, timeout: float, log: Path, gpu_shaped: str | N
         return run
 
 
-def describe_device(gpu_shaped: str | None) -> str:
+def describe_device(gpu_shaped: str | None, attention: str = "torch") -> str:
     """minillm.device's description of the device the chapters run with (this shape)."""
-    saved = os.environ.pop(GPU_SHAPED_ENV, None)
+    shaped = shaped_environment(gpu_shaped, attention)
+    names = (GPU_SHAPED_ENV, GPU_SHAPED_ATTENTION_ENV, "TRITON_INTERPRET")
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
     try:
-        if gpu_shaped is not None:
-            os.environ[GPU_SHAPED_ENV] = gpu_shaped
+        os.environ.update(shaped)
         return capabilities().describe()
     finally:
-        os.environ.pop(GPU_SHAPED_ENV, None)
-        if saved is not None:
-            os.environ[GPU_SHAPED_ENV] = saved
+        for name in names:
+            os.environ.pop(name, None)
+        os.environ.update(saved)
 
 
 def report_markdown(report: dict) -> str:
@@ -282,7 +300,8 @@ def report_markdown(report: dict) -> str:
     lines = [(f"# bench chapters: {report['passed']}/{report['cells']} code cells passed in "
               f"{report['seconds']:.0f} s"), "",
              f"- device: {report['device']}",
-             f"- GPU-shaped: {report['gpu_shaped'] or 'no'}",
+             f"- GPU-shaped: {report['gpu_shaped'] or 'no'}, attention "
+             f"{report.get('attention', 'torch')}",
              f"- budget: {report['budget']:.0f} s" if report["budget"] is not None
              else "- budget: none", "",
              "| chapter | cells passed | seconds | timeout | failures |",
@@ -300,21 +319,23 @@ def report_markdown(report: dict) -> str:
 
 
 def run_all(paths: list[Path], out: Path, timeout: float = 240.0,
-            gpu_shaped: str | None = None, budget: float | None = None) -> list[ChapterRun]:
+            gpu_shaped: str | None = None, budget: float | None = None,
+            attention: str = "torch") -> list[ChapterRun]:
     """Run each chapter in its own subprocess; write out/chapters.json and chapters.md after
     each one. budget: seconds for them all (chapter_timeout), None: timeout each."""
+    device = describe_device(gpu_shaped, attention)  # refuses a bad shape before any chapter
     out.mkdir(parents=True, exist_ok=True)
     log = out / "chapters.log"
     log.write_text("")
-    device = describe_device(gpu_shaped)
     runs: list[ChapterRun] = []
     start = time.perf_counter()
     for done, path in enumerate(paths):
         left = None if budget is None else budget - (time.perf_counter() - start)
         limit = timeout if left is None else chapter_timeout(left, len(paths) - done, timeout)
-        runs.append(run_in_subprocess(path, limit, log, gpu_shaped))
+        runs.append(run_in_subprocess(path, limit, log, gpu_shaped, attention))
         print(runs[-1].summary(), flush=True)
-        report = {"device": device, "gpu_shaped": gpu_shaped, "budget": budget,
+        report = {"device": device, "gpu_shaped": gpu_shaped, "attention": attention,
+                  "budget": budget,
                   "seconds": time.perf_counter() - start,
                   "cells": sum(r.cells for r in runs), "passed": sum(r.passed for r in runs),
                   "chapters": [dict(asdict(r), ok=r.ok) for r in runs]}
@@ -338,14 +359,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as in a GPU-shaped run, which takes minutes a chapter)")
     parser.add_argument("--gpu-shaped", choices=sorted(SHAPES), default=None,
                         help="run on the CPU with a GPU's rules: bf16 as an H200, fp16 as a T4")
+    parser.add_argument("--attention", choices=("torch", "triton"), default="torch",
+                        help="with --gpu-shaped: the attention backend 'auto' builds; triton "
+                             "runs the kernels under Triton's interpreter (slow: name chapters)")
 
 
 def main(args: argparse.Namespace) -> int:
     """0 when every chapter ran with no failed cell, else 1."""
     shaped = args.gpu_shaped is not None
+    if args.attention != "torch" and not shaped:
+        raise SystemExit("--attention triton needs --gpu-shaped bf16|fp16: on a GPU the Triton "
+                         "kernels are what attention='auto' builds already")
     budget = None if shaped else args.budget or None  # a GPU-shaped run has no lent time to fit
     timeout = args.timeout or (900.0 if shaped else 240.0)
-    runs = run_all(args.notebooks or chapter_paths(), args.out, timeout, args.gpu_shaped, budget)
+    runs = run_all(args.notebooks or chapter_paths(), args.out, timeout, args.gpu_shaped, budget,
+                   args.attention)
     return 0 if runs and all(r.ok for r in runs) else 1
 
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.attention.triton_decode import dot_precision, interpreting
+from minillm.device import dot_precision, interpreting
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -5,17 +5,7 @@ cost: the tokens a target step yields (expected_tokens_per_step) and their price
     (speculative_step_time, speculative_speedup, best_num_speculative_tokens), refusing a
     batch whose weights and K/V do not fit (check_fits).
 simulate: the simulator's stand-in for proposing and checking (imported by minillm.simulator).
+
+A namespace: import from the module that owns a name (the config sits beneath the engine, the
+cost model beside the calculators), so this file imports none of them.
 """
-
-from minillm.spec.config import SpeculativeConfig
-from minillm.spec.cost import (
-    best_num_speculative_tokens,
-    check_fits,
-    expected_tokens_per_step,
-    speculative_speedup,
-    speculative_step_time,
-)
-
-__all__ = ["SpeculativeConfig", "best_num_speculative_tokens", "check_fits",
-           "expected_tokens_per_step",
-           "speculative_speedup", "speculative_step_time"]

@@ -7,11 +7,11 @@ tests/test_labs.py checks that each one passes its grader (and that unfilled stu
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import minillm.labs.solutions as _package
 from minillm.labs.exercises import chapter_modules
 
 SOLUTIONS: dict[str, Callable[..., Any]] = {
-    exercise_id: solution
-    for module in chapter_modules(_package) for exercise_id, solution in module.SOLUTIONS.items()}
+    exercise_id: solution for module in chapter_modules(__name__, Path(__file__).parent)
+    for exercise_id, solution in module.SOLUTIONS.items()}
