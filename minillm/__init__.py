@@ -28,7 +28,8 @@ Module map (one concept each):
     merged_weights.py  merged qkv / gate_up Linears that keep the checkpoint's names
     fused_ops.py     Triton kernels for the decoder's small ops (add+RMSNorm, q/k rotary,
                      silu-and-mul), used on CUDA; model.py holds their PyTorch references
-    engine.py        the step loop: schedule, forward, sample, stop checks, metrics, trace
+    model_runner.py  ModelRunner, the device side: weights, K/V pool, swaps, graphs, batch tensors
+    engine.py        the step loop: schedule, run the step (the runner), sample, stop checks, trace
     cuda_graph.py    decode steps replayed as CUDA graphs, one per batch-size bucket (GPU)
     llm.py           LLM: generate, stream, stats, trace
     metrics.py       RequestMetrics (TTFT, TPOT, ITL, E2E) and summaries with percentiles

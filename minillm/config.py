@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import types
+import typing
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from minillm.spec.config import SpeculativeConfig
@@ -15,6 +17,12 @@ PreemptionMode = Literal["recompute", "swap"]
 PriorityPreemption = Literal["out_of_blocks", "for_waiting"]
 Quantization = Literal["int8"]
 KVCacheDtype = Literal["auto", "int8", "fp8"]
+# What a choice's values mean, appended to the error that refuses a value outside them.
+CHOICE_NOTES = {
+    "priority_preemption": " ('out_of_blocks': vLLM V1's rule, 'for_waiting': V0's)",
+    "quantization": " (weight-only int8, per output channel)",
+    "kv_cache_dtype": " (fp8: e4m3)",
+}
 # Above this many blocks a step's trace copy of the cached free blocks (up to the whole pool)
 # would rival the step itself; chapters' pools stay well under it (8,192 at most).
 TRACE_BLOCKS_MAX_POOL = 16_384
@@ -112,6 +120,7 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if not isinstance(self.block_size, int) or self.block_size < 1 or (
             self.block_size & (self.block_size - 1)
         ):
@@ -120,23 +129,11 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.scheduling not in ("continuous", "static"):
-            raise ValueError(
-                f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}"
-            )
         self._check_prefix_caching()
         self._check_priority()
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', "
-                             f"got {self.preemption_mode!r}")
         if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) \
                 or not 0 <= self.swap_space < float("inf"):
             raise ValueError(f"swap_space must be a number of GiB >= 0, got {self.swap_space!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(
-                "attention_backend must be 'auto', 'torch' or 'triton', "
-                f"got {self.attention_backend!r}"
-            )
         if self.num_kv_blocks is not None and (
             not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
         ):
@@ -160,12 +157,6 @@ class EngineConfig:
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
                 or self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be an integer >= 0, got {self.max_logprobs!r}")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8' (weight-only int8, per "
-                             f"output channel), got {self.quantization!r}")
-        if self.kv_cache_dtype not in ("auto", "int8", "fp8"):
-            raise ValueError(f"kv_cache_dtype must be 'auto', 'int8' or 'fp8' (e4m3), "
-                             f"got {self.kv_cache_dtype!r}")
         if isinstance(self.speculative_config, dict):  # vLLM's form, kept as the dataclass
             object.__setattr__(self, "speculative_config",
                                SpeculativeConfig.from_dict(self.speculative_config))
@@ -180,9 +171,6 @@ class EngineConfig:
                 f"max_model_len must be a positive integer, got {self.max_model_len!r}")
 
     def _check_priority(self) -> None:
-        if self.priority_preemption not in ("out_of_blocks", "for_waiting"):
-            raise ValueError(f"priority_preemption must be 'out_of_blocks' (vLLM V1) or "
-                             f"'for_waiting' (vLLM V0), got {self.priority_preemption!r}")
         # Outside "priority" there are no ranks to preempt by: say so rather than ignore it.
         if self.priority_preemption == "for_waiting" and self.scheduling_policy != "priority":
             raise ValueError("priority_preemption='for_waiting' preempts running requests for "
@@ -195,12 +183,6 @@ class EngineConfig:
                              f"for no ageing, got {steps!r}")
 
     def _check_prefix_caching(self) -> None:
-        if self.prefix_caching not in ("hash", "radix", "radix-token"):
-            raise ValueError("prefix_caching must be 'hash', 'radix' or 'radix-token', got "
-                             f"{self.prefix_caching!r}")
-        if self.scheduling_policy not in ("fcfs", "priority", "lpm"):
-            raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'lpm', "
-                             f"got {self.scheduling_policy!r}")
         # Both would be silently ignored without a cache: a run meant to measure them would
         # measure nothing, so say so.
         if self.prefix_caching != "hash" and not self.enable_prefix_caching:
@@ -209,3 +191,33 @@ class EngineConfig:
         if self.scheduling_policy == "lpm" and not self.enable_prefix_caching:
             raise ValueError("scheduling_policy='lpm' admits the longest cached prefix first, "
                              "which needs enable_prefix_caching=True")
+
+
+def literal_choices(annotation: object) -> tuple[object, ...] | None:
+    """The values a Literal type allows (None among them for `Literal[...] | None`), or None
+    for any other type."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = typing.get_args(annotation)
+        literals = [literal_choices(m) for m in members if m is not type(None)]
+        if len(literals) == 1 and literals[0] is not None:
+            return ((None,) if type(None) in members else ()) + literals[0]
+    return None
+
+
+def _either(values: tuple[object, ...]) -> str:
+    spelled = [repr(v) for v in values]
+    return spelled[0] if len(spelled) == 1 else f"{', '.join(spelled[:-1])} or {spelled[-1]}"
+
+
+def check_choices(config: object) -> None:
+    """Refuse a value outside its field's Literal type, naming the field, the choices and the
+    value: the types are the one list of the choices, so they cannot drift from this check."""
+    hints = typing.get_type_hints(type(config))
+    for field in fields(config):  # type: ignore[arg-type]
+        choices = literal_choices(hints[field.name])
+        value = getattr(config, field.name)
+        if choices is not None and value not in choices:
+            raise ValueError(f"{field.name} must be {_either(choices)}"
+                             f"{CHOICE_NOTES.get(field.name, '')}, got {value!r}")

@@ -16,8 +16,9 @@ MINILLM_GPU_SHAPED so that a CPU run takes a GPU's rules: bf16 as an H200 (sm_90
 fp16 as a T4 (sm_75, 16 GB), fp8 K/V refused on the latter. It keeps the CPU's tensors and, by
 default, the torch attention backend. With MINILLM_GPU_SHAPED_ATTENTION=triton (`--attention
 triton`) attention="auto" builds the Triton kernels too, run by Triton's interpreter
-(TRITON_INTERPRET=1), as a GPU would build them; the interpreter is ~100x slower than the
-reference, so that run is for chapters a reader picks, not the whole book.
+(TRITON_INTERPRET=1), as a GPU would build them; the interpreter is 20x slower than the
+reference or more on the shipped model (chapter 00: 232 s against 10 s on 2 cores; 05 and 06
+do not finish in 10 minutes), so that run is for chapters a reader names, not the whole book.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class KVTransfer:
 
     index: int
     prefill_replica: int
-    decode_replica: int
+    decode_replica: int | None  # None while the K/V is on the link: routed when it lands
     num_bytes: float
     start: float
     end: float
@@ -313,7 +313,7 @@ class TwoPools:
         start = max(req.metrics.first_token_time, self.link_free[replica])
         end = self.link_free[replica] = (start + self.link.latency
                                          + num_bytes / self.link.bandwidth)
-        self.transfers[index] = KVTransfer(index, replica, -1, num_bytes, start, end)
+        self.transfers[index] = KVTransfer(index, replica, None, num_bytes, start, end)
         return end
 
 

@@ -1,4 +1,7 @@
-"""The engine loop: schedule a step, run the model on it, sample, and do the bookkeeping."""
+"""The engine loop: schedule a step, run the model on it, sample, and do the bookkeeping.
+
+The device side (weights, K/V pool, graphs, the step's tensors) is the model runner's
+(minillm.model_runner); the engine holds the requests and the scheduler, and decides."""
 
 from __future__ import annotations
 
@@ -11,18 +14,16 @@ from typing import Any
 
 import torch
 
-from minillm.attention import get_backend
-from minillm.batch import Batch, build_batch
+from minillm.batch import Batch
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
-from minillm.cuda_graph import DecodeGraphRunner
 from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
-from minillm.quant.kv_pool import allocate_kv_pool
+from minillm.model_runner import ModelRunner
 from minillm.request import Request, RequestOutput
 from minillm.sampling import Sampler, SamplingParams, check_unicode
 from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from minillm.spec.decoder import SpeculativeDecoder
-from minillm.swap import KVSwapper, SwapSpace, num_swap_blocks
+from minillm.swap import SwapSpace
 from minillm.tokenizer import IncrementalDetokenizer
 from minillm.trace import StepRecord, step_record
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """Owns the model, the KV pool, the scheduler and every request in flight.
+    """Owns the scheduler, every request in flight and the model runner that runs their steps.
 
     config must be resolved: num_kv_blocks and max_model_len set (LLM does that). draft_model:
     the loaded draft under speculative_config's "draft_model" method.
@@ -42,27 +43,15 @@ class Engine:
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         self.model, self.tokenizer, self.config, self.clock = model, tokenizer, config, clock
         self.device = model.lm_head.weight.device
-        # kv_scales (L, 2, K): None for a pool in the model's dtype (kv_cache_dtype="auto").
-        self.kv_cache, self.kv_scales = allocate_kv_pool(model, tokenizer, config)
+        self.runner = ModelRunner(model, tokenizer, config)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.prefix_caching)
-        # One block across all layers, K and V: what a swap moves per block.
-        self.block_bytes = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
-        self.swapper: KVSwapper | None = None
-        swap_space = None
-        if config.preemption_mode == "swap":
-            swap_space = SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
-            self.swapper = KVSwapper(self.kv_cache, swap_space.num_blocks)
+        swap_space = (SwapSpace(self.runner.num_swap_blocks)
+                      if config.preemption_mode == "swap" else None)
         self.scheduler = Scheduler(config, self.block_manager, swap_space)
-        self.backend = get_backend(config.attention_backend, self.device)
         self.spec = None if config.speculative_config is None else SpeculativeDecoder.build(
             config.speculative_config, model, draft_model, config.num_kv_blocks,
             config.block_size, config.attention_backend)
-        self.graph_runner: DecodeGraphRunner | None = None
-        if (config.enable_cuda_graphs and self.device.type == "cuda"
-                and self.backend.name == "triton"):
-            self.graph_runner = DecodeGraphRunner(model, self.kv_cache, self.backend, config,
-                                                  kv_scales=self.kv_scales)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -198,15 +187,8 @@ class Engine:
         start = self.clock()
         self.block_manager.step = self.num_steps  # the prefix cache's LRU clock
         out = self.scheduler.schedule()
-        # Before the forward, which overwrites blocks, in the one safe order: a swap-out reads
-        # blocks that preemption just freed and a copy or a swap-in may refill; a copy reads a
-        # cached block that a swap-in's fresh block may have just evicted.
-        copies = self.block_manager.take_copies()
-        if self.swapper is not None and out.swap_out:
-            self.swapper.copy(out.swap_out, [])
-        self._copy_blocks(copies)
-        if self.swapper is not None and out.swap_in:
-            self.swapper.copy([], out.swap_in)
+        # The swaps and copy-on-write copies the schedule asked for, before the forward.
+        self.runner.move_blocks(out.swap_out, self.block_manager.take_copies(), out.swap_in)
         if not out.scheduled:
             if self.has_unfinished_requests() and not out.preempted:
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
@@ -215,8 +197,8 @@ class Engine:
             self.spec.propose(out)
         tables = ({s.request.request_id: list(s.request.block_table) for s in out.scheduled}
                   if self.trace_block_tables else {})  # copied now: finishing frees them
-        batch = build_batch(out.scheduled, self.config.block_size, self.device)
-        hidden = self._forward(batch)
+        batch = self.runner.prepare(out.scheduled)
+        hidden = self.runner.forward(batch)
         emitted, logprobs, failed = self._sample(batch, hidden, out)
         now = self.clock()
         num_accepted = {s.request.request_id: max(len(t) - 1, 0)
@@ -250,28 +232,6 @@ class Engine:
         self._record(out, start, now, tables, finished)
         return outputs
 
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy on write for the token-granular radix cache: (source, destination) blocks, all
-        layers, K and V. One gather then one scatter, so every source is read as it stood."""
-        if not copies:
-            return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
-        pool = self.kv_cache
-        if pool.dtype == torch.float8_e4m3fn:  # no fp8 CPU indexing kernels: move the bytes
-            pool = pool.view(torch.uint8)
-        pool[:, :, dst] = pool[:, :, src]
-
-    def _forward(self, batch: Batch) -> torch.Tensor:
-        """Hidden states (T, E). A decode-only step replays a CUDA graph when one fits it."""
-        if self.graph_runner is not None and self.graph_runner.can_run(batch.attn):
-            return self.graph_runner.run(batch.input_ids, batch.positions, batch.attn)
-        if self.kv_scales is None:  # a pool in the model's dtype: the call as it always was
-            return self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
-                              self.backend)
-        return self.model(batch.input_ids, batch.positions, self.kv_cache, batch.attn,
-                          self.backend, kv_scales=self.kv_scales)
-
     def _sample(self, batch: Batch, hidden: torch.Tensor, out: SchedulerOutput
                 ) -> tuple[list[list[int]], list[list[dict[int, float] | None]], dict[str, str]]:
         """Each sampled request's new tokens (one, or under speculative decoding its accepted
@@ -281,7 +241,7 @@ class Engine:
         that one step may then differ from a run without the failure)."""
         if not batch.sampled:  # every request in the step is mid-prefill
             return [], [], {}
-        logits = self.model.compute_logits(hidden[batch.sample_indices])  # (S, V)
+        logits = self.runner.logits(hidden, batch)  # (S, V)
         logits = self._mask_eos_before_min_tokens(logits, batch.sampled)
         try:
             return (*self._sample_rows(logits, batch.sampled, out), {})
@@ -400,7 +360,7 @@ class Engine:
             del self.trace[:-limit]  # one cut per limit steps: O(1) a step on average
 
     def stats(self) -> dict[str, int]:
-        stats = self.scheduler.stats(self.block_bytes)
+        stats = self.scheduler.stats(self.runner.block_bytes)
         if self.spec is not None:
             stats |= self.spec.stats()
         return stats

@@ -228,7 +228,7 @@ class Fleet:
         heapq.heapify(pending)
         issued = first
         requests: list[Request | None] = [None] * len(workload)
-        assignment = [-1] * len(workload)
+        assignment: list[int | None] = [None] * len(workload)  # each request's replica
         while pending or any(s.scheduler.has_unfinished_requests() for s in self.sims):
             busy = [s for s in self.sims if s.scheduler.has_unfinished_requests()]
             sim = min(busy, key=lambda s: s.clock) if busy else None  # min keeps the lower index
@@ -245,6 +245,7 @@ class Fleet:
             bm = sim.block_manager
             if bm.num_free_blocks != bm.num_blocks:
                 raise RuntimeError(f"a KV block was lost on a replica: {sim.stats()}")
+        assert None not in assignment and None not in requests, "a request was never routed"
         return requests, assignment  # type: ignore[return-value]
 
     def route(self, index: int, spec: RequestSpec, arrival: float) -> tuple[int, Request]:

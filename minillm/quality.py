@@ -74,7 +74,7 @@ def perplexity(llm: LLM, text: str | None = None, window: int = 256,
     mc = engine.model.config
     # In the engine's KV dtype, with its scales: an int8 or fp8 pool is measured as it serves.
     kv_cache = allocate_kv_cache(mc.num_hidden_layers, blocks_each * windows_per_step, P,
-                                 mc.num_key_value_heads, mc.head_dim, engine.kv_cache.dtype,
+                                 mc.num_key_value_heads, mc.head_dim, engine.runner.kv_cache.dtype,
                                  engine.device)
     total, count = 0.0, 0
     for start in range(0, len(windows), windows_per_step):
@@ -85,7 +85,7 @@ def perplexity(llm: LLM, text: str | None = None, window: int = 256,
             scheduled.append(ScheduledRequest(req, window, 0, "prefill"))
         batch = build_batch(scheduled, P, engine.device)
         hidden = engine.model(batch.input_ids, batch.positions, kv_cache, batch.attn,
-                              engine.backend, kv_scales=engine.kv_scales)
+                              engine.runner.backend, kv_scales=engine.runner.kv_scales)
         logits = engine.model.compute_logits(hidden).float()  # (T, V)
         targets = torch.tensor([t for w in windows[start:start + windows_per_step]
                                 for t in w[1:]], device=logits.device)

@@ -156,7 +156,7 @@ def test_a_triton_shaped_chapter_builds_the_interpreted_kernels(tmp_path: Path) 
     path = notebook(tmp_path / "02_t.ipynb", [
         "import os\nassert os.environ['TRITON_INTERPRET'] == '1'",
         "from minillm import LLM, SamplingParams\nllm = LLM(max_num_seqs=2)\n"
-        "assert llm.engine.backend.name == 'triton', llm.engine.backend.name",
+        "assert llm.engine.runner.backend.name == 'triton', llm.engine.runner.backend.name",
         "out = llm.generate(['ROMEO:'], SamplingParams(max_tokens=3, temperature=0.0))\n"
         "assert len(out[0].token_ids) == 3"])
     runs = chapters.run_all([path], tmp_path / "out", timeout=300, gpu_shaped="fp16",

@@ -21,3 +21,29 @@ def test_bad_values_are_named(kwargs, name):
 @pytest.mark.parametrize("block_size", [1, 2, 16, 128])
 def test_powers_of_two_are_fine(block_size):
     assert EngineConfig(block_size=block_size).block_size == block_size
+
+
+def test_every_choice_field_takes_exactly_its_literal_values():
+    """The Literal types are the one list of each choice: every value they name is accepted,
+    anything else is refused with the field, its choices and the value."""
+    import dataclasses
+    import typing
+
+    from minillm.config import literal_choices
+
+    hints = typing.get_type_hints(EngineConfig)
+    choice_fields = {f.name: literal_choices(hints[f.name])
+                     for f in dataclasses.fields(EngineConfig)
+                     if literal_choices(hints[f.name]) is not None}
+    assert set(choice_fields) == {
+        "scheduling", "attention_backend", "prefix_caching", "scheduling_policy",
+        "preemption_mode", "priority_preemption", "quantization", "kv_cache_dtype"}
+    assert choice_fields["quantization"] == (None, "int8")
+    needs = {"prefix_caching": {"enable_prefix_caching": True},
+             "scheduling_policy": {"enable_prefix_caching": True},
+             "priority_preemption": {"scheduling_policy": "priority"}}
+    for name, choices in choice_fields.items():
+        for value in choices:
+            assert getattr(EngineConfig(**{name: value}, **needs.get(name, {})), name) == value
+        with pytest.raises(ValueError, match=f"{name} must be .*'{choices[-1]}'.*got 'bogus'"):
+            EngineConfig(**{name: "bogus"})

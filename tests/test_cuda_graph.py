@@ -6,29 +6,25 @@ imported: hence the environment line at the very top, as in test_kernels.py. Wit
 tests run on the GPU, and the capture=True cases record and replay real graphs.
 """
 
-import os
 
+# Without CUDA the kernels run under Triton's interpreter: conftest.py switches it on.
+import subprocess
+import sys
+
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
-
-from minillm.attention import get_backend  # noqa: E402
-from minillm.batch import AttentionMetadata, build_batch  # noqa: E402
-from minillm.bench.__main__ import main as bench_main  # noqa: E402
-from minillm.config import EngineConfig  # noqa: E402
-from minillm.cuda_graph import DecodeGraphRunner, bucket_sizes  # noqa: E402
-from minillm.engine import Engine  # noqa: E402
-from minillm.model import LlamaForCausalLM  # noqa: E402
-from minillm.model_config import ModelConfig  # noqa: E402
-from minillm.request import Request  # noqa: E402
-from minillm.sampling import SamplingParams  # noqa: E402
-from minillm.scheduler import ScheduledRequest  # noqa: E402
+from minillm.attention import get_backend
+from minillm.batch import AttentionMetadata, build_batch
+from minillm.bench.__main__ import main as bench_main
+from minillm.config import EngineConfig
+from minillm.cuda_graph import DecodeGraphRunner, bucket_sizes
+from minillm.engine import Engine
+from minillm.model import LlamaForCausalLM
+from minillm.model_config import ModelConfig
+from minillm.request import Request
+from minillm.sampling import SamplingParams
+from minillm.scheduler import ScheduledRequest
 
 pytestmark = pytest.mark.kernels  # they run the Triton kernels: selected on a lent GPU too
 
@@ -51,7 +47,7 @@ def make_engine() -> Engine:
     """An engine on the plain forward: the tests put their own runner in front of it."""
     model = LlamaForCausalLM.random(MODEL, device=DEVICE, seed=1)
     engine = Engine(model, None, CONFIG)
-    engine.graph_runner = None  # on CUDA the engine would otherwise replay its own graphs
+    engine.runner.graph_runner = None  # on CUDA the engine would otherwise replay its own graphs
     return engine
 
 
@@ -81,19 +77,20 @@ def changed_slots(before: torch.Tensor, after: torch.Tensor) -> set[int]:
 def test_padded_decode_matches_the_plain_forward(capture: bool) -> None:
     engine = make_engine()
     scheduled = decoding(engine)
-    runner = DecodeGraphRunner(engine.model, engine.kv_cache, engine.backend, CONFIG, capture)
+    runner = DecodeGraphRunner(engine.model, engine.runner.kv_cache, engine.runner.backend,
+                               CONFIG, capture)
     # Inside buckets and on their edges, bigger after smaller and back, so stale rows of an
     # earlier, bigger batch must be padded over.
     for step, B in enumerate([3, 8, 5, 1, 4, 2, 7]):
         batch = build_batch(scheduled[:B], CONFIG.block_size, DEVICE)
         assert runner.can_run(batch.attn) and runner.bucket_for(B) >= B
-        before = engine.kv_cache.clone()
+        before = engine.runner.kv_cache.clone()
         hidden = runner.run(batch.input_ids, batch.positions, batch.attn).clone()
         slots = set(batch.attn.slot_mapping.tolist())
-        changed = changed_slots(before, engine.kv_cache)
+        changed = changed_slots(before, engine.runner.kv_cache)
         assert changed == slots if step == 0 else changed <= slots  # padding wrote nothing
-        expected = engine.model(batch.input_ids, batch.positions, engine.kv_cache, batch.attn,
-                                engine.backend)
+        expected = engine.model(batch.input_ids, batch.positions, engine.runner.kv_cache,
+                                batch.attn, engine.runner.backend)
         assert hidden.shape == expected.shape == (B, MODEL.hidden_size)
         torch.testing.assert_close(hidden, expected, atol=1e-4, rtol=1e-4)
         logits = engine.model.compute_logits(hidden)
@@ -138,8 +135,9 @@ def generate(engine: Engine) -> dict[str, list[int]]:
 def test_engine_with_the_runner_generates_the_same_tokens(capture: bool) -> None:
     expected = generate(make_engine())
     engine = make_engine()
-    runner = DecodeGraphRunner(engine.model, engine.kv_cache, engine.backend, CONFIG, capture)
-    engine.model = routed = RoutedModel(engine.model, runner)
+    runner = DecodeGraphRunner(engine.model, engine.runner.kv_cache, engine.runner.backend,
+                               CONFIG, capture)
+    engine.runner.model = routed = RoutedModel(engine.model, runner)  # the runner's forward
     assert generate(engine) == expected
     assert set(routed.buckets_used) == {1, 2, 4, 8}
     assert engine.stats()["num_free_blocks"] == CONFIG.num_kv_blocks
@@ -153,7 +151,7 @@ def scheduled_request(prefix: int, num_tokens: int, num_blocks: int) -> Schedule
 
 def test_can_run_takes_only_decode_batches_that_fit() -> None:
     engine = make_engine()
-    runner = DecodeGraphRunner(engine.model, engine.kv_cache, engine.backend, CONFIG,
+    runner = DecodeGraphRunner(engine.model, engine.runner.kv_cache, engine.runner.backend, CONFIG,
                                capture=False)
 
     def can_run(rows: list[tuple[int, int, int]]) -> bool:
@@ -179,11 +177,11 @@ def test_bucket_sizes_double_then_step_by_16_up_to_max_num_seqs() -> None:
 def test_runner_refuses_the_torch_backend_and_capture_off_cuda() -> None:
     engine = make_engine()
     with pytest.raises(ValueError, match="need the triton attention backend"):
-        DecodeGraphRunner(engine.model, engine.kv_cache, get_backend("torch", DEVICE), CONFIG,
-                          capture=False)
+        DecodeGraphRunner(engine.model, engine.runner.kv_cache, get_backend("torch", DEVICE),
+                          CONFIG, capture=False)
     if not CUDA:
         with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-            DecodeGraphRunner(engine.model, engine.kv_cache, engine.backend, CONFIG)
+            DecodeGraphRunner(engine.model, engine.runner.kv_cache, engine.runner.backend, CONFIG)
 
 
 @pytest.mark.skipif(CUDA, reason="checks the message shown without CUDA")

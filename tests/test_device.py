@@ -131,7 +131,7 @@ def test_llm_t4_shaped_with_triton_attends_through_the_kernels_as_torch_does(mon
     monkeypatch.setenv(device.GPU_SHAPED_ATTENTION_ENV, "triton")
     params = SamplingParams(max_tokens=6, temperature=0.0)
     kernels = LLM(device="cpu", max_num_seqs=2)
-    assert isinstance(kernels.engine.backend, TritonAttention)
+    assert isinstance(kernels.engine.runner.backend, TritonAttention)
     reference = LLM(device="cpu", max_num_seqs=2, attention_backend="torch")
     prompt = "ROMEO:\nBut soft, what light"
     assert kernels.generate([prompt], params)[0].token_ids == (

@@ -8,26 +8,22 @@ fp32 and fp16 agree but for the order of RMSNorm's sum. Shapes: T tokens, E hidd
 heads, K KV heads, D head dim, F MLP width.
 """
 
-import os
 
+# Without CUDA the kernels run under Triton's interpreter: conftest.py switches it on.
+from collections.abc import Callable
+
+import pytest
 import torch
+import torch.nn.functional as F
+from aot_support import compile_in_subprocess
+from torch.utils._python_dispatch import TorchDispatchMode
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from collections.abc import Callable  # noqa: E402
-
-import pytest  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from aot_support import compile_in_subprocess  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-from minillm import fused_ops  # noqa: E402
-from minillm.attention import get_backend  # noqa: E402
-from minillm.config import EngineConfig  # noqa: E402
-from minillm.cuda_graph import DecodeGraphRunner  # noqa: E402
-from minillm.model import LlamaForCausalLM, Rotary, split_qkv_rotary  # noqa: E402
-from minillm.model_config import ModelConfig  # noqa: E402
+from minillm import fused_ops
+from minillm.attention import get_backend
+from minillm.config import EngineConfig
+from minillm.cuda_graph import DecodeGraphRunner
+from minillm.model import LlamaForCausalLM, Rotary, split_qkv_rotary
+from minillm.model_config import ModelConfig
 
 pytestmark = pytest.mark.kernels
 

@@ -3,7 +3,7 @@ it showed the chapters need: batching pays only where the roof says it can, and 
 greedy answer may flip where runs batch or cache the same requests differently.
 
 CI runs chapter 03 T4-shaped (fp16) here; the whole book in both shapes is
-`python -m minillm.bench chapters --gpu-shaped bf16|fp16` (about 17 minutes each on 2 cores).
+`python -m minillm.bench chapters --gpu-shaped bf16|fp16` (5 to 13 minutes each on 2 cores).
 """
 
 from __future__ import annotations

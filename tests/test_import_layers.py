@@ -30,8 +30,9 @@ LAYERS: list[tuple[str, list[str]]] = [
         "minillm.trace", "minillm.tokenizer", "minillm.kv_cache", "minillm.radix_cache",
         "minillm.waiting_queue", "minillm.scheduler", "minillm.swap", "minillm.batch",
         "minillm.merged_weights", "minillm.fused_ops", "minillm.model", "minillm.cuda_graph",
-        "minillm.engine", "minillm.llm", "minillm.attention", "minillm.attention.*",
-        "minillm.quant", "minillm.quant.*", "minillm.spec", "minillm.spec.*"]),
+        "minillm.model_runner", "minillm.engine", "minillm.llm", "minillm.attention",
+        "minillm.attention.*", "minillm.quant", "minillm.quant.*", "minillm.spec",
+        "minillm.spec.*"]),
     ("workloads: request streams", ["minillm.workload", "minillm.prefix_workload"]),
     ("simulator and fleet: the scheduler on a virtual clock", [
         "minillm.simulated_pool", "minillm.simulated_engine", "minillm.simulator",

@@ -6,18 +6,14 @@ counted per program: in prefill/extend only the tiles that cross the causal diag
 the mask, and the heaviest query tiles go to the first programs.
 """
 
-import os
 
+# Without CUDA the kernels run under Triton's interpreter: conftest.py switches it on.
+from collections import Counter
+
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from collections import Counter  # noqa: E402
-
-import pytest  # noqa: E402
-
-from minillm.attention import tiles, torch_ref, triton_extend  # noqa: E402
+from minillm.attention import tiles, torch_ref, triton_extend
 
 pytestmark = pytest.mark.kernels
 

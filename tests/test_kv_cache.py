@@ -16,6 +16,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from support import admit
 
 from minillm.kv_cache import BlockManager, PrefixMatch, chain_hash
 from minillm.request import Request
@@ -34,15 +35,6 @@ def compute(bm: BlockManager, req: Request, num_tokens: int) -> None:
     assert bm.allocate(req, num_tokens)
     req.num_computed_tokens = num_tokens
     bm.cache_full_blocks(req)
-
-
-def admit(bm: BlockManager, req: Request) -> PrefixMatch:
-    """Admission as the scheduler does it: reuse the cached prefix, compute the rest."""
-    match = bm.match_prefix(req.token_ids)
-    assert bm.allocate(req, req.num_tokens, match)
-    req.num_computed_tokens = req.num_tokens
-    bm.cache_full_blocks(req)
-    return match
 
 
 def snapshot(bm: BlockManager, req: Request) -> tuple:

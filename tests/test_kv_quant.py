@@ -7,32 +7,27 @@ first imported (as in test_kernels.py). Shapes: T tokens, H query heads, K KV he
 N blocks of P slots.
 """
 
-import os
 
+# Without CUDA the kernels run under Triton's interpreter: conftest.py switches it on.
+import pytest
 import torch
+from aot_support import compile_every_kernel, compile_in_subprocess
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import pytest  # noqa: E402
-from aot_support import compile_in_subprocess  # noqa: E402
-from test_kernels import compile_every_kernel  # noqa: E402
-
-from minillm import LLM, ModelConfig, SamplingParams  # noqa: E402
-from minillm.attention.torch_ref import TorchAttention  # noqa: E402
-from minillm.attention.torch_ref import decode_attention as reference_decode  # noqa: E402
-from minillm.attention.triton_backend import TritonAttention  # noqa: E402
-from minillm.attention.triton_decode import decode_attention  # noqa: E402
-from minillm.attention.triton_write_kv import write_kv  # noqa: E402
-from minillm.batch import AttentionMetadata, build_batch  # noqa: E402
-from minillm.bench.quant import ppl_text, teacher_forced_logits  # noqa: E402
-from minillm.config import EngineConfig  # noqa: E402
-from minillm.cuda_graph import DecodeGraphRunner  # noqa: E402
-from minillm.kv_cache import kv_cache_block_bytes  # noqa: E402
-from minillm.llm import MemoryReport, num_kv_blocks_for_memory  # noqa: E402
-from minillm.model import LlamaForCausalLM  # noqa: E402
-from minillm.quality import perplexity  # noqa: E402
-from minillm.quant.kv import (  # noqa: E402
+from minillm import LLM, ModelConfig, SamplingParams
+from minillm.attention.torch_ref import TorchAttention
+from minillm.attention.torch_ref import decode_attention as reference_decode
+from minillm.attention.triton_backend import TritonAttention
+from minillm.attention.triton_decode import decode_attention
+from minillm.attention.triton_write_kv import write_kv
+from minillm.batch import AttentionMetadata, build_batch
+from minillm.bench.quant import ppl_text, teacher_forced_logits
+from minillm.config import EngineConfig
+from minillm.cuda_graph import DecodeGraphRunner
+from minillm.kv_cache import kv_cache_block_bytes
+from minillm.llm import MemoryReport, num_kv_blocks_for_memory
+from minillm.model import LlamaForCausalLM
+from minillm.quality import perplexity
+from minillm.quant.kv import (
     CALIBRATION_MARGIN,
     KV_QMAX,
     dequantize_kv,
@@ -40,15 +35,15 @@ from minillm.quant.kv import (  # noqa: E402
     quantize_kv,
     scales_from_amax,
 )
-from minillm.quant.kv_pool import (  # noqa: E402
+from minillm.quant.kv_pool import (
     allocate_kv_pool,
     calibrate_kv_scales,
     kv_pool_block_bytes,
 )
-from minillm.request import Request  # noqa: E402
-from minillm.scheduler import ScheduledRequest  # noqa: E402
-from minillm.serve.datasets import shakespeare_passages  # noqa: E402
-from minillm.swap import KVSwapper  # noqa: E402
+from minillm.request import Request
+from minillm.scheduler import ScheduledRequest
+from minillm.serve.datasets import shakespeare_passages
+from minillm.swap import KVSwapper
 
 pytestmark = pytest.mark.ch10
 
@@ -238,7 +233,7 @@ def test_engine_runs_a_quantized_pool_with_chunking_prefix_caching_and_swap(kv: 
         assert stats["prefix_cache_hits"] > 0
         assert stats["num_free_blocks"] == stats["num_blocks"]
         assert sum(r.swap_in_blocks for r in llm.engine.trace) > 0  # swapped out and back
-        assert llm.engine.kv_cache.dtype == kv_storage_dtype(kv_cache_dtype, FP32)
+        assert llm.engine.runner.kv_cache.dtype == kv_storage_dtype(kv_cache_dtype, FP32)
     assert all(len(t) == 12 for t in tokens[kv])
     first = [t[0] for t in tokens[kv]]
     assert first == [t[0] for t in tokens["auto"]]  # the first token reads the prompt only
@@ -292,7 +287,7 @@ def test_captured_decode_graphs_read_the_scales(kv: str) -> None:
     for graphs in (False, True):
         llm = LLM(device="cuda", dtype="bfloat16", num_kv_blocks=64, max_num_seqs=4,
                   kv_cache_dtype=kv, enable_cuda_graphs=graphs)
-        assert (llm.engine.graph_runner is not None) == graphs
+        assert (llm.engine.runner.graph_runner is not None) == graphs
         tokens.append([o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
     assert tokens[0] == tokens[1]
 

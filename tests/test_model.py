@@ -12,13 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import paged_logits
 
 from minillm import LLM, ModelConfig, SamplingParams, default_model_path
-from minillm.attention.torch_ref import TorchAttention
-from minillm.batch import build_batch
 from minillm.model import LlamaForCausalLM, rope_inv_freq
-from minillm.request import Request, RequestOutput
-from minillm.scheduler import ScheduledRequest
+from minillm.request import RequestOutput
 
 LOGITS_TOL = dict(atol=2e-5, rtol=1e-5)  # fp32 against fp32, same weights, different kernels
 SHIPPED_LOGITS_TOL = dict(atol=1e-4, rtol=1e-5)  # 6 layers and trained (larger) logits
@@ -128,43 +126,6 @@ def hf_greedy(hf: object, prompt: list[int], max_tokens: int) -> tuple[list[int]
     tokens = out.sequences[0, len(prompt):].tolist()
     assert len(tokens) == max_tokens
     return tokens, torch.stack(out.logits)[:, 0].float()  # (max_tokens, V)
-
-
-def paged_logits(model: LlamaForCausalLM, prompts: list[list[int]], block_size: int,
-                 chunk: int | None = None, seed: int = 0) -> list[torch.Tensor]:
-    """minillm's logits at every prompt position, all prompts batched in each step.
-
-    Each step runs up to `chunk` more tokens of every prompt (all of it when None) over its
-    cached prefix; block tables come from a shuffled pool. Returns one (T, V) per prompt.
-    """
-    mc = model.config
-    dtype = model.lm_head.weight.dtype
-    needs = [-(-len(p) // block_size) for p in prompts]
-    num_blocks = sum(needs) + 2
-    pool = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
-    kv_cache = torch.zeros(mc.num_hidden_layers, 2, num_blocks, block_size,
-                           mc.num_key_value_heads, mc.head_dim, dtype=dtype)
-    reqs = []
-    for i, (prompt, n) in enumerate(zip(prompts, needs, strict=True)):
-        req = Request(str(i), prompt, SamplingParams(), arrival_time=0.0)
-        req.block_table, pool = pool[:n], pool[n:]
-        reqs.append(req)
-    done = [0] * len(prompts)
-    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
-    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
-        scheduled = []
-        for req, d in zip(reqs, done, strict=True):
-            n = min(req.num_tokens - d, chunk or req.num_tokens)
-            if n > 0:
-                scheduled.append(ScheduledRequest(req, n, d, "prefill"))
-        batch = build_batch(scheduled, block_size, torch.device("cpu"))
-        hidden = model(batch.input_ids, batch.positions, kv_cache, batch.attn, TorchAttention())
-        logits = model.compute_logits(hidden)  # (T, V)
-        for s, part in zip(scheduled, logits.split(batch.attn.query_lens), strict=True):
-            i = int(s.request.request_id)
-            rows[i].append(part)
-            done[i] += s.num_tokens
-    return [torch.cat(r) for r in rows]
 
 
 def assert_matches_greedy_reference(out: RequestOutput, ref_tokens: list[int],
@@ -288,7 +249,7 @@ def test_llm_in_bfloat16_generates_close_to_fp32(checkpoints: dict[str, Checkpoi
     name = "llama-mha-bias-tied"
     llm = LLM(checkpoints[name].path, device="cpu", dtype="bfloat16", block_size=4,
               num_kv_blocks=64, max_num_batched_tokens=16)
-    assert llm.engine.kv_cache.dtype == torch.bfloat16
+    assert llm.engine.runner.kv_cache.dtype == torch.bfloat16
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=TOP_K,
                             ignore_eos=True)
     outputs = llm.generate(make_prompts(llm.model.config.vocab_size), params, use_tqdm=False)

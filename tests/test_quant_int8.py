@@ -7,30 +7,25 @@ in test_kernels.py); the whole model's logits and greedy picks are measured agai
 unquantized shipped model. Shapes: M token rows, K input features, N output channels.
 """
 
-import os
 
+# Without CUDA the kernels run under Triton's interpreter: conftest.py switches it on.
+import pytest
 import torch
+import torch.nn.functional as F
+from aot_support import compile_in_subprocess
+from support import paged_logits  # teacher-forced logits at every position
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-import pytest  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from aot_support import compile_in_subprocess  # noqa: E402
-from test_model import paged_logits  # noqa: E402  (teacher-forced logits at every position)
-
-from minillm import LLM, ModelConfig, SamplingParams  # noqa: E402
-from minillm.config import EngineConfig  # noqa: E402
-from minillm.quant import int8_kernel  # noqa: E402
-from minillm.quant.int8 import (  # noqa: E402
+from minillm import LLM, ModelConfig, SamplingParams
+from minillm.config import EngineConfig
+from minillm.quant import int8_kernel
+from minillm.quant.int8 import (
     Int8Linear,
     dequantize,
     projection_weight_bytes,
     quantize_model,
     quantize_per_channel,
 )
-from minillm.serve.datasets import shakespeare_passages  # noqa: E402
+from minillm.serve.datasets import shakespeare_passages
 
 pytestmark = pytest.mark.ch10
 

@@ -8,7 +8,7 @@ only. The state machine in test_prefix_cache_machine.py checks them all together
 from __future__ import annotations
 
 import pytest
-from test_kv_cache import admit  # admission as the scheduler does it, for either design
+from support import admit  # admission as the scheduler does it, for either design
 
 from minillm.kv_cache import BlockManager, PrefixMatch
 from minillm.radix_cache import RadixCache

@@ -71,7 +71,7 @@ def test_outputs_are_identical_under_recompute_swap_and_no_preemption(
     assert stats["num_swap_outs"] == stats["num_swap_ins"] == stats["num_preemptions"]
     assert stats["num_recomputed_tokens"] == 0
     assert stats["swap_out_bytes"] == stats["swap_in_bytes"] > 0
-    assert stats["swap_out_bytes"] % llm.engine.block_bytes == 0
+    assert stats["swap_out_bytes"] % llm.engine.runner.block_bytes == 0
     assert host_pool_is_whole(llm)
 
 
@@ -79,7 +79,7 @@ def test_the_trace_records_swaps_and_why_requests_wait() -> None:
     prompts, params = squeeze()
     llm = LLM(num_kv_blocks=14, max_num_batched_tokens=64, preemption_mode="swap")
     llm.generate(prompts, params, use_tqdm=False)
-    trace, block_bytes = llm.trace, llm.engine.block_bytes
+    trace, block_bytes = llm.trace, llm.engine.runner.block_bytes
     out_ids = [r for rec in trace for r in rec.swapped_out]
     in_ids = [r for rec in trace for r in rec.swapped_in]
     assert sorted(out_ids) == sorted(in_ids) and len(out_ids) == llm.stats()["num_swap_outs"]

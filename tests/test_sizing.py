@@ -70,10 +70,11 @@ def test_matches_the_bytes_minillm_allocates():
     llm = minillm.LLM(num_kv_blocks=8, block_size=16, device="cpu", dtype="float32")
     config = llm.model.config
     per_token = kv_bytes_per_token(config, dtype_bytes=4)
-    assert llm.engine.kv_cache.nbytes == 8 * 16 * per_token
+    assert llm.engine.runner.kv_cache.nbytes == 8 * 16 * per_token
     assert kv_cache_block_bytes(config.num_hidden_layers, 16, config.num_key_value_heads,
                                 config.head_dim, 4) == 16 * per_token
-    assert kv_cache_bytes(config, seq_len=16 * 8, dtype_bytes=4) == llm.engine.kv_cache.nbytes
+    pool = llm.engine.runner.kv_cache
+    assert kv_cache_bytes(config, seq_len=16 * 8, dtype_bytes=4) == pool.nbytes
 
 
 def test_weight_bytes():

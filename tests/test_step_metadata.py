@@ -100,7 +100,7 @@ def make_engine(num_layers: int) -> Engine:
     config = EngineConfig(block_size=P, max_num_seqs=4, num_kv_blocks=32, max_model_len=64,
                           attention_backend="triton")
     engine = Engine(LlamaForCausalLM.random(model, device=DEVICE, seed=0), None, config)
-    engine.graph_runner = None  # eager forward: the step under test, not a graph replay
+    engine.runner.graph_runner = None  # eager forward: the step under test, not a graph replay
     return engine
 
 

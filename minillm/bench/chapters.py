@@ -23,8 +23,8 @@ budget over the chapters left (at least 30 s, at most --timeout), so one slow ch
 eat the whole run. The child writes its partial result before and after every cell, so a
 chapter that times out still reports the cells it finished and the cell it was in.
 --gpu-shaped runs on the CPU with a GPU's rules (minillm.device); --attention triton makes it
-build the Triton kernels as a GPU would, run by Triton's interpreter (about a hundred times
-slower than torch's attention: pick the chapters). Where anywidget or
+build the Triton kernels as a GPU would, run by Triton's interpreter (20x slower than torch's
+attention or more: name the chapters; 00 passes in 4 minutes). Where anywidget or
 traitlets is missing, a stand-in lets `widgets` import: the chapters show views through their
 static SVG, never through the live widget.
 """

@@ -93,7 +93,7 @@ def tpot_figure(llm: LLM, roofline: float, new_tokens: int = 256) -> Figure:
     tpot = statistics.median(o.metrics.tpot or 0.0 for o in outs)
     # Whether the engine captured graphs, not whether it was asked to: CPU or torch attention
     # run eagerly whatever the setting.
-    graphs = "with" if getattr(llm.engine, "graph_runner", None) is not None else "without"
+    graphs = "with" if getattr(llm.engine.runner, "graph_runner", None) is not None else "without"
     return Figure(f"decode TPOT B=1, {MODEL_NAME}, {graphs} CUDA graphs", tpot * 1e3, "ms",
                   "weight-bandwidth roofline", roofline * 1e3, roofline / tpot,
                   target=0.60 if graphs == "with" else None)
@@ -106,8 +106,8 @@ def graph_figures(llm: LLM, roofline: float) -> list[Figure]:
     model = engine.model
 
     def step_time(capture: bool) -> float:
-        runner = DecodeGraphRunner(model, engine.kv_cache, engine.backend, engine.config,
-                                   capture=capture)
+        runner = DecodeGraphRunner(model, engine.runner.kv_cache, engine.runner.backend,
+                                   engine.config, capture=capture)
         return kernels.cuda_time(lambda: model.compute_logits(runner.forward_bucket(1)))
 
     eager, graph = step_time(capture=False), step_time(capture=True)
@@ -265,7 +265,7 @@ def engine_parts(run: Run, args: argparse.Namespace, copy_bandwidth: float) -> N
         figures = [tpot_figure(llm, roofline)]
         if graphs:
             run.notes["engine captured CUDA graphs"] = (
-                getattr(llm.engine, "graph_runner", None) is not None)
+                getattr(llm.engine.runner, "graph_runner", None) is not None)
             figures += graph_figures(llm, roofline)
         return figures
 

@@ -66,8 +66,8 @@ def weight_bytes_per_step(llm: LLM) -> int:
 
 def kv_bytes_per_token(llm: LLM) -> int:
     """K and V of one token across all layers in the pool's dtype: 2 * L * K * D * bytes."""
-    L, two, _, _, K, D = llm.engine.kv_cache.shape
-    return L * two * K * D * llm.engine.kv_cache.element_size()
+    L, two, _, _, K, D = llm.engine.runner.kv_cache.shape
+    return L * two * K * D * llm.engine.runner.kv_cache.element_size()
 
 
 @torch.no_grad()
@@ -79,15 +79,15 @@ def teacher_forced_logits(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]
     mc = engine.model.config
     blocks = [-(-len(s) // P) for s in seqs]
     pool = allocate_kv_cache(mc.num_hidden_layers, sum(blocks), P, mc.num_key_value_heads,
-                             mc.head_dim, engine.kv_cache.dtype, engine.device)
+                             mc.head_dim, engine.runner.kv_cache.dtype, engine.device)
     scheduled, first = [], 0
     for i, (seq, n) in enumerate(zip(seqs, blocks)):
         req = Request(f"agree-{i}", seq, SamplingParams(), 0.0)
         req.block_table, first = list(range(first, first + n)), first + n
         scheduled.append(ScheduledRequest(req, len(seq), 0, "prefill"))
     batch = build_batch(scheduled, P, engine.device)
-    hidden = engine.model(batch.input_ids, batch.positions, pool, batch.attn, engine.backend,
-                          kv_scales=engine.kv_scales)
+    hidden = engine.model(batch.input_ids, batch.positions, pool, batch.attn, engine.runner.backend,
+                          kv_scales=engine.runner.kv_scales)
     logits = engine.model.compute_logits(hidden).float()  # (T, V)
     return list(logits.split([len(s) for s in seqs]))
 

@@ -134,7 +134,7 @@ def _engine_wall(max_sequences: Any) -> tuple[int, int]:
     from minillm.sizing import kv_cache_bytes
 
     llm = LLM(num_kv_blocks=44, max_model_len=128)
-    pool = llm.engine.kv_cache
+    pool = llm.engine.runner.kv_cache
     per_seq = kv_cache_bytes(llm.model.config, 128, 1, pool.element_size())
     predicted = max_sequences(pool.untyped_storage().nbytes(), 0, per_seq)
     rng = random.Random(3)

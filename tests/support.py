@@ -1,0 +1,59 @@
+"""Helpers that more than one test file uses (a test file never imports another)."""
+
+from __future__ import annotations
+
+import torch
+
+from minillm.attention.torch_ref import TorchAttention
+from minillm.batch import build_batch
+from minillm.kv_cache import BlockManager, PrefixMatch
+from minillm.model import LlamaForCausalLM
+from minillm.request import Request
+from minillm.sampling import SamplingParams
+from minillm.scheduler import ScheduledRequest
+
+
+def admit(bm: BlockManager, req: Request) -> PrefixMatch:
+    """Admission as the scheduler does it: reuse the cached prefix, compute the rest."""
+    match = bm.match_prefix(req.token_ids)
+    assert bm.allocate(req, req.num_tokens, match)
+    req.num_computed_tokens = req.num_tokens
+    bm.cache_full_blocks(req)
+    return match
+
+
+def paged_logits(model: LlamaForCausalLM, prompts: list[list[int]], block_size: int,
+                 chunk: int | None = None, seed: int = 0) -> list[torch.Tensor]:
+    """minillm's logits at every prompt position, all prompts batched in each step.
+
+    Each step runs up to `chunk` more tokens of every prompt (all of it when None) over its
+    cached prefix; block tables come from a shuffled pool. Returns one (T, V) per prompt.
+    """
+    mc = model.config
+    dtype = model.lm_head.weight.dtype
+    needs = [-(-len(p) // block_size) for p in prompts]
+    num_blocks = sum(needs) + 2
+    pool = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    kv_cache = torch.zeros(mc.num_hidden_layers, 2, num_blocks, block_size,
+                           mc.num_key_value_heads, mc.head_dim, dtype=dtype)
+    reqs = []
+    for i, (prompt, n) in enumerate(zip(prompts, needs, strict=True)):
+        req = Request(str(i), prompt, SamplingParams(), arrival_time=0.0)
+        req.block_table, pool = pool[:n], pool[n:]
+        reqs.append(req)
+    done = [0] * len(prompts)
+    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
+        scheduled = []
+        for req, d in zip(reqs, done, strict=True):
+            n = min(req.num_tokens - d, chunk or req.num_tokens)
+            if n > 0:
+                scheduled.append(ScheduledRequest(req, n, d, "prefill"))
+        batch = build_batch(scheduled, block_size, torch.device("cpu"))
+        hidden = model(batch.input_ids, batch.positions, kv_cache, batch.attn, TorchAttention())
+        logits = model.compute_logits(hidden)  # (T, V)
+        for s, part in zip(scheduled, logits.split(batch.attn.query_lens), strict=True):
+            i = int(s.request.request_id)
+            rows[i].append(part)
+            done[i] += s.num_tokens
+    return [torch.cat(r) for r in rows]
