@@ -54,8 +54,8 @@ from minillm.kv_handover import DecodeReplica
 from minillm.metrics import RequestMetrics, Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
+from minillm.simulated_engine import Simulator, StepTimer, cost_model
 from minillm.simulated_pool import resolve_config
-from minillm.simulator import Simulator, StepTimer
 from minillm.workload import RequestSpec, Workload
 
 __all__ = ["Comparison", "DisaggregatedResult", "KVTransfer", "compare_disaggregation",
@@ -145,7 +145,7 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
                            decode_kwargs: dict[str, Any] | None = None, dtype_bytes: int = 2,
                            kv_dtype_bytes: float | None = None,
                            gpu_memory_utilization: float = 0.9,
-                           step_time: StepTimer = roofline.step_time,
+                           step_time: StepTimer | None = None,
                            first_token_from: str = "decode",
                            interference: float = 0.0) -> DisaggregatedResult:
     """Serve workload on prefill_gpus GPUs of prefill replicas and decode_gpus GPUs of decode
@@ -208,7 +208,7 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
 
 def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
           model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
-          kv_dtype_bytes: float | None, gpu_memory_utilization: float, step_time: StepTimer,
+          kv_dtype_bytes: float | None, gpu_memory_utilization: float, step_time: StepTimer | None,
           interference: float) -> tuple[list[Any], parallel.ParallelConfig]:
     """gpus // (t x p) replicas of one pool and their TP x PP layout, taken out of kwargs."""
     layout = parallel.ParallelConfig(kwargs.pop("tensor_parallel_size", 1),
@@ -217,8 +217,7 @@ def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
         raise ValueError(f"{name}_gpus={gpus} is not a multiple of the {name} replicas' "
                          f"{layout.world_size} GPUs (tensor_parallel_size x "
                          f"pipeline_parallel_size); change one or the other")
-    if layout.world_size > 1 and step_time is roofline.step_time:
-        step_time = parallel.step_timer(layout)
+    step_time = cost_model(step_time, layout)
     if interference != 0:
         step_time = roofline.serial_phases(step_time, interference)
     config = resolve_config(model, hw, dtype_bytes, gpu_memory_utilization, kwargs,

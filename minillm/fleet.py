@@ -45,7 +45,7 @@ from minillm.router import (
     RoutingName,
     make_router,
 )
-from minillm.simulated_engine import Simulator, StepTimer
+from minillm.simulated_engine import Simulator, StepTimer, cost_model
 from minillm.simulated_pool import resolve_config
 from minillm.trace import StepRecord
 from minillm.workload import RequestSpec, Workload
@@ -147,7 +147,7 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
                    dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
                    overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
                    gpu_memory_utilization: float = 0.9, record_block_tables: bool = False,
-                   step_time: StepTimer = roofline.step_time,
+                   step_time: StepTimer | None = None,
                    kv_dtype_bytes: float | None = None, tensor_parallel_size: int = 1,
                    interference: float = 0.0, **engine_kwargs: Any) -> FleetResult:
     """Serve workload on num_replicas simulated replicas of model on hw behind a router.
@@ -180,8 +180,7 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     engine_kwargs.setdefault("enable_prefix_caching", True)
     layout = parallel.ParallelConfig(tensor_parallel_size).check(mc)
-    if layout.world_size > 1 and step_time is roofline.step_time:
-        step_time = parallel.step_timer(layout)
+    step_time = cost_model(step_time, layout)
     if interference != 0:
         step_time = roofline.serial_phases(step_time, interference)
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,

@@ -38,6 +38,14 @@ from minillm.workload import RequestSpec, Workload
 StepTimer = Callable[..., roofline.StepCost]
 
 
+def cost_model(step_time: StepTimer | None, layout: parallel.ParallelConfig) -> StepTimer:
+    """What a simulation prices its steps with: step_time as given, or (None) the roofline's
+    on the layout's GPUs (parallel_step_time, all-reduces included, on several)."""
+    if step_time is not None:
+        return step_time
+    return parallel.step_timer(layout) if layout.world_size > 1 else roofline.step_time
+
+
 class Simulator:
     """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
 

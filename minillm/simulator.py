@@ -20,7 +20,7 @@ from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import RequestOutput
 from minillm.scheduler import AdmissionPolicy
-from minillm.simulated_engine import Simulator, StepTimer
+from minillm.simulated_engine import Simulator, StepTimer, cost_model
 from minillm.simulated_pool import resolve_config
 from minillm.spec.simulate import split_speculation
 from minillm.trace import StepRecord
@@ -59,7 +59,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
              overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
              gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
-             step_time: StepTimer = roofline.step_time, kv_dtype_bytes: float | None = None,
+             step_time: StepTimer | None = None, kv_dtype_bytes: float | None = None,
              acceptance_rate: float | None = None, draft_model: str | ModelConfig | None = None,
              tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
              admission_policy: AdmissionPolicy | None = None,
@@ -80,7 +80,8 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
     pool is what gpu_memory_utilization of hw.memory leaves after the weights.
     step_time: the cost model that prices each step, called as roofline.step_time is (swap in
-    your own to see what it does to TTFT and TPOT).
+    your own to see what it does to TTFT and TPOT); None: the roofline's (on several GPUs,
+    parallel_step_time's).
     record_block_tables=False leaves StepRecord.block_tables and cached_blocks empty, which saves
     time and memory on runs of thousands of requests. With prefix caching, StepRecord.prefix_cache
     is recorded too, for pools up to TRACE_BLOCKS_MAX_POOL blocks (the engine's default rule): a
@@ -108,12 +109,11 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     if layout.world_size > 1 and speculation is not None:
         raise ValueError("speculative decoding is not modelled on several GPUs; use "
                          "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
-    pipelined = layout.pipeline_parallel_size > 1 and step_time is roofline.step_time
+    pipelined = layout.pipeline_parallel_size > 1 and step_time is None
     if pipelined and admission_policy is not None:
         raise ValueError("admission_policy is not plumbed into pipeline-parallel virtual "
                          "engines; use pipeline_parallel_size=1 with it")
-    if layout.world_size > 1 and step_time is roofline.step_time:
-        step_time = parallel.step_timer(layout)
+    step_time = cost_model(step_time, layout)
     draft = speculation.draft if speculation else None
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
                             kv_dtype_bytes, draft, layout)
