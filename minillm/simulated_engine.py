@@ -13,7 +13,6 @@ Under speculative decoding a seeded draw stands in for the model that accepts or
 decode's proposals (minillm.spec.simulate), and the step pays for verifying them and drafting.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

@@ -5,7 +5,6 @@ Under pipeline parallelism p virtual engines keep p batches in flight (minillm.v
 otherwise one Simulator steps the workload. Simulator and StepTimer are importable from here too.
 """
 
-
 from __future__ import annotations
 
 import gc

@@ -19,20 +19,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Bottom to top. A module's layer is the first whose patterns match its dotted name.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("calculators: shapes, datasheets, the device's rules, the cost models", [
+    ("calculators: the config, shapes, datasheets, the device's rules, the cost models", [
+        # minillm.spec and minillm.quant: their __init__s are namespaces that import nothing
+        "minillm.config", "minillm.spec", "minillm.spec.config", "minillm.quant",
         "minillm.hardware", "minillm.model_config", "minillm.models", "minillm.device",
         "minillm.machine", "minillm.collectives", "minillm.parallel", "minillm.roofline",
         "minillm.sizing", "minillm.preemption", "minillm.spec.cost", "minillm.quant.schemes",
         "minillm.attention.io_cost", "minillm.attention.online_softmax",
         "minillm.attention.tiles"]),
-    ("engine core: config to LLM, attention, quant, speculative decoding", [
-        "minillm.config", "minillm.request", "minillm.sampling", "minillm.metrics",
+    ("engine core: requests to LLM, attention, quant, speculative decoding", [
+        "minillm.request", "minillm.sampling", "minillm.metrics",
         "minillm.trace", "minillm.tokenizer", "minillm.kv_cache", "minillm.radix_cache",
         "minillm.waiting_queue", "minillm.scheduler", "minillm.swap", "minillm.batch",
         "minillm.merged_weights", "minillm.fused_ops", "minillm.model", "minillm.cuda_graph",
         "minillm.model_runner", "minillm.engine", "minillm.llm", "minillm.attention",
-        "minillm.attention.*", "minillm.quant", "minillm.quant.*", "minillm.spec",
-        "minillm.spec.*"]),
+        "minillm.attention.*", "minillm.quant.*", "minillm.spec.*"]),
     ("workloads: request streams", ["minillm.workload", "minillm.prefix_workload"]),
     ("simulator and fleet: the scheduler on a virtual clock", [
         "minillm.simulated_pool", "minillm.simulated_engine", "minillm.simulator",

@@ -1,4 +1,4 @@
-"""An engine's quantized K/V pool: its allocation, the calibration of its scales, its block size.
+"""An engine's K/V pool: allocated in its K/V dtype, a quantized pool's scales, its block bytes.
 
 The codec (quantize on write, dequantize inside attention) is minillm.quant.kv; this module
 builds on the engine's pieces (the paged pool, a batch, the reference attention) to run the one
