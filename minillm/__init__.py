@@ -41,7 +41,8 @@ Module map (one concept each):
                      a TP x PP step's cost, bubbles: ParallelConfig, decode_tpot
     collectives.py   what crossing a link costs: ring all-reduce, sends, pipeline bubbles
     roofline.py      ridge points, the step cost model, measure_machine()
-    workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths
+    workload.py      request streams: Poisson (open loop), closed loop, shared prefixes; lengths;
+                     Arrivals, the simulated runs' one driver of either loop
     prefix_workload.py  shared-prefix and multi-turn workloads with explicit token ids, and
                      the ceiling an ideal prefix cache reaches on them
     serving.py       replay a workload in real time (in-process, no HTTP)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import heapq
 import math
 import time
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from minillm.router import (
 from minillm.simulated_engine import Simulator, StepTimer, cost_model
 from minillm.simulated_pool import resolve_config
 from minillm.trace import StepRecord
-from minillm.workload import RequestSpec, Workload
+from minillm.workload import Arrivals, RequestSpec, Workload
 
 # The routers live in minillm.router; a fleet's user finds them here too.
 __all__ = ["ApproximateTreeRouter", "FleetResult", "PrefixAwareRouter", "ReplicaResult",
@@ -219,27 +218,19 @@ class Fleet:
 
     def run(self, workload: Sequence[RequestSpec]) -> tuple[list[Request], list[int]]:
         """Serve every request; returns the Requests and their replicas, in workload order."""
-        concurrency = getattr(workload, "concurrency", None)  # a plain list is an open loop
-        first = len(workload) if concurrency is None else min(concurrency, len(workload))
-        # (arrival time, workload index): a closed loop's next request arrives at a finish
-        pending = [(workload[i].arrival_time if concurrency is None else 0.0, i)
-                   for i in range(first)]
-        heapq.heapify(pending)
-        issued = first
+        arrivals = Arrivals(workload)
         requests: list[Request | None] = [None] * len(workload)
         assignment: list[int | None] = [None] * len(workload)  # each request's replica
-        while pending or any(s.scheduler.has_unfinished_requests() for s in self.sims):
+        while arrivals or any(s.scheduler.has_unfinished_requests() for s in self.sims):
             busy = [s for s in self.sims if s.scheduler.has_unfinished_requests()]
             sim = min(busy, key=lambda s: s.clock) if busy else None  # min keeps the lower index
-            if pending and (sim is None or pending[0][0] <= sim.clock):
-                arrival, i = heapq.heappop(pending)
+            if arrivals and (sim is None or arrivals.next_time() <= sim.clock):
+                arrival, i = arrivals.pop()
                 assignment[i], requests[i] = self.route(i, workload[i], arrival)
                 continue
             assert sim is not None
             for _ in sim.step():
-                if concurrency is not None and issued < len(workload):
-                    heapq.heappush(pending, (sim.clock, issued))
-                    issued += 1
+                arrivals.finished(sim.clock)
         for sim in self.sims:
             bm = sim.block_manager
             if bm.num_free_blocks != bm.num_blocks:

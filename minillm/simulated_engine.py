@@ -29,7 +29,7 @@ from minillm.spec.cost import with_verified_rows
 from minillm.spec.simulate import SimulatedSpeculation, is_speculative
 from minillm.swap import SwapSpace, num_swap_blocks
 from minillm.trace import StepRecord, step_record
-from minillm.workload import RequestSpec, Workload
+from minillm.workload import Arrivals, RequestSpec, Workload
 
 # A step's cost model: (model, hw, entries, dtype_bytes, overhead, per token, per request,
 # per attention pair) -> roofline.StepCost, as roofline.step_time; called with the keyword
@@ -89,43 +89,27 @@ class Simulator:
         """Serve every request to completion; the Requests come back in workload order."""
         for index, spec in enumerate(workload):
             self.check_fits(index, spec)
-        concurrency = getattr(workload, "concurrency", None)  # a plain list is an open loop
-        if concurrency is None:
-            requests = self._run_open_loop(workload)
-        else:
-            requests = self._run_closed_loop(workload, concurrency)
+        requests = self._serve(Arrivals(workload))
         bm = self.block_manager
         if not all(r.is_finished for r in requests) or bm.num_free_blocks != bm.num_blocks:
             raise RuntimeError(f"a request or a KV block was lost: {self.stats()}")
         return requests
 
-    def _run_open_loop(self, workload: Sequence[RequestSpec]) -> list[Request]:
-        """Requests join the queue at the first step boundary at or after their arrival."""
-        order = sorted(range(len(workload)), key=lambda i: (workload[i].arrival_time, i))
+    def _serve(self, arrivals: Arrivals) -> list[Request]:
+        """Requests join the queue at the first step boundary at or after they are sent; an idle
+        engine's clock jumps to the next one."""
+        workload, sched = arrivals.workload, self.scheduler
         requests: list[Request | None] = [None] * len(workload)
-        sched, nxt = self.scheduler, 0
-        while nxt < len(order) or sched.has_unfinished_requests():
-            while nxt < len(order) and workload[order[nxt]].arrival_time <= self.clock:
-                i = order[nxt]
-                requests[i] = self.add_request(i, workload[i], workload[i].arrival_time)
-                nxt += 1
-            if sched.has_unfinished_requests():
-                self.step()
-            else:  # idle: jump to the next arrival
-                self.clock = max(self.clock, workload[order[nxt]].arrival_time)
-        return requests  # type: ignore[return-value]
-
-    def _run_closed_loop(self, workload: Sequence[RequestSpec], concurrency: int
-                         ) -> list[Request]:
-        """concurrency clients: the first requests at 0 s, the next one when one finishes."""
-        requests = [self.add_request(i, spec, 0.0)
-                    for i, spec in enumerate(workload[:concurrency])]
-        while self.scheduler.has_unfinished_requests():
+        while arrivals or sched.has_unfinished_requests():
+            while arrivals and arrivals.next_time() <= self.clock:
+                sent, i = arrivals.pop()
+                requests[i] = self.add_request(i, workload[i], sent)
+            if not sched.has_unfinished_requests():
+                self.clock = max(self.clock, arrivals.next_time())
+                continue
             for _ in self.step():
-                if len(requests) < len(workload):
-                    i = len(requests)
-                    requests.append(self.add_request(i, workload[i], self.clock))
-        return requests
+                arrivals.finished(self.clock)
+        return requests  # type: ignore[return-value]
 
     def check_fits(self, index: int, spec: RequestSpec) -> None:
         """What Engine._check_fits rejects, rejected up front, naming the request."""

@@ -16,6 +16,7 @@ seeded: the same arguments give the same workload.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Sequence
@@ -240,6 +241,41 @@ class Workload(list[RequestSpec]):
         return (f"Workload({len(self)} requests, {loop}, "
                 f"{sum(s.prompt_len for s in self)} prompt + "
                 f"{sum(s.output_len for s in self)} output tokens)")
+
+
+class Arrivals:
+    """When a simulation sends each request of a workload, as a heap of (time, index): an open
+    loop's at their arrival_time; a closed loop's first `concurrency` at 0 s, and each next one
+    the moment a request finishes (finished). A plain list of specs is an open loop. The one
+    driver of the simulator, the fleet and disaggregated serving."""
+
+    def __init__(self, workload: Sequence[RequestSpec]):
+        self.workload = workload
+        self.concurrency: int | None = getattr(workload, "concurrency", None)
+        first = len(workload) if self.concurrency is None else min(self.concurrency,
+                                                                   len(workload))
+        self.pending = [(workload[i].arrival_time if self.concurrency is None else 0.0, i)
+                        for i in range(first)]
+        heapq.heapify(self.pending)
+        self.sent = first  # requests put in pending so far
+
+    def __bool__(self) -> bool:
+        """Whether a request is still to be sent."""
+        return bool(self.pending)
+
+    def next_time(self) -> float:
+        """When the next request is sent (there must be one)."""
+        return self.pending[0][0]
+
+    def pop(self) -> tuple[float, int]:
+        """The next request to send: (its send time, its workload index)."""
+        return heapq.heappop(self.pending)
+
+    def finished(self, now: float) -> None:
+        """A request finished at now: a closed loop's client sends its next request then."""
+        if self.concurrency is not None and self.sent < len(self.workload):
+            heapq.heappush(self.pending, (now, self.sent))
+            self.sent += 1
 
 
 def _check_rate(rate: object) -> float:

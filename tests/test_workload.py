@@ -178,3 +178,18 @@ def test_as_distribution_accepts_custom_objects():
     w = poisson(3, 1.0, Always7(), 2)
     assert [s.prompt_len for s in w] == [7, 7, 7]
     assert isinstance(wl.as_distribution(4, "x"), wl.Fixed)
+
+
+def test_arrivals_send_an_open_loop_on_time_and_a_closed_loop_at_each_finish():
+    specs = [wl.RequestSpec(t, 4, 2) for t in (0.5, 0.1, 0.1, 2.0)]
+    open_loop = wl.Arrivals(specs)  # a plain list: an open loop
+    assert [open_loop.pop() for _ in range(4)] == [(0.1, 1), (0.1, 2), (0.5, 0), (2.0, 3)]
+    open_loop.finished(3.0)  # finishing sends nothing in an open loop
+    assert not open_loop
+    closed = wl.Arrivals(wl.Workload(specs, concurrency=2))
+    assert [closed.pop(), closed.pop()] == [(0.0, 0), (0.0, 1)] and not closed
+    closed.finished(1.5)  # one client's request is done: it sends the next at once
+    assert closed.next_time() == 1.5 and closed.pop() == (1.5, 2)
+    closed.finished(2.5)
+    closed.finished(2.6)  # every request is out: nothing more to send
+    assert closed.pop() == (2.5, 3) and not closed
