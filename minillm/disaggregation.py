@@ -41,6 +41,7 @@ import dataclasses
 import gc
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
 from minillm.simulated_engine import Simulator, StepTimer, cost_model
 from minillm.simulated_pool import resolve_config
-from minillm.workload import RequestSpec, Workload
+from minillm.workload import Arrivals, RequestSpec, Workload
 
 __all__ = ["Comparison", "DisaggregatedResult", "KVTransfer", "compare_disaggregation",
            "simulate_disaggregated", "tuned_colocated_kwargs"]
@@ -243,33 +244,31 @@ class TwoPools:
     def run(self, workload: Sequence[RequestSpec]) -> list[RequestOutput]:
         """Serve every request; the joined outputs come back in workload order."""
         n = len(workload)
-        concurrency = getattr(workload, "concurrency", None)  # a plain list is an open loop
-        first = n if concurrency is None else min(concurrency, n)
-        seq = itertools.count()  # keeps events of one instant in the order they were made
-        # (time, order, workload index, tokens to land or None for an arrival)
-        events: list[tuple[float, int, int, list[int] | None]] = [
-            (workload[i].arrival_time if concurrency is None else 0.0, next(seq), i, None)
-            for i in range(first)]
-        heapq.heapify(events)
-        issued, replicas = first, [*self.prefill, *self.decode]
+        arrivals = Arrivals(workload)
+        seq = itertools.count()  # keeps landings of one instant in the order they were made
+        landings: list[tuple[float, int, int, list[int]]] = []  # (time, order, index, tokens)
+        replicas = [*self.prefill, *self.decode]
         self.transfers = [None] * n
         halves: list[Request | None] = [None] * n
         done: list[RequestOutput | None] = [None] * n
-        arrivals, landings = itertools.count(), itertools.count()
-        while events or any(s.scheduler.has_unfinished_requests() for s in replicas):
+        num_sent, num_landed = itertools.count(), itertools.count()
+        while arrivals or landings or any(s.scheduler.has_unfinished_requests() for s in replicas):
             busy = [s for s in replicas if s.scheduler.has_unfinished_requests()]
             sim = min(busy, key=lambda s: s.clock) if busy else None
-            if events and (sim is None or events[0][0] <= sim.clock):
-                now, _, i, tokens = heapq.heappop(events)
-                if tokens is None:  # an arrival: its prompt, to a prefill replica
-                    k = next(arrivals) % len(self.prefill)
-                    p = self.prefill[k]
+            next_arrival = arrivals.next_time() if arrivals else math.inf
+            next_landing = landings[0][0] if landings else math.inf
+            soonest = min(next_arrival, next_landing)  # an arrival first, at a tie
+            if soonest < math.inf and (sim is None or soonest <= sim.clock):
+                if next_arrival <= next_landing:  # an arrival: its prompt, to a prefill replica
+                    now, i = arrivals.pop()
+                    p = self.prefill[next(num_sent) % len(self.prefill)]
                     if not p.scheduler.has_unfinished_requests():
                         p.clock = max(p.clock, now)
                     halves[i] = p.add_request(i, dataclasses.replace(workload[i], output_len=1),
                                               now)
                 else:  # a landing: to a decode replica
-                    d = next(landings) % len(self.decode)
+                    now, _, i, tokens = heapq.heappop(landings)
+                    d = next(num_landed) % len(self.decode)
                     rest = workload[i].output_len - (0 if self.stream_from_decode else 1)
                     self.decode[d].land(i, tokens, rest, now)
                     transfer = self.transfers[i]
@@ -292,11 +291,9 @@ class TwoPools:
                     landing = self.send(i, self.prefill.index(sim), req)
                     # from the decode side the prompt alone lands: its sampled token is discarded
                     known = req.prompt_token_ids if self.stream_from_decode else req.token_ids
-                    heapq.heappush(events, (landing, next(seq), i, list(known)))
+                    heapq.heappush(landings, (landing, next(seq), i, list(known)))
             for _ in ended:
-                if concurrency is not None and issued < n:
-                    heapq.heappush(events, (sim.clock, next(seq), issued, None))
-                    issued += 1
+                arrivals.finished(sim.clock)
         for sim in replicas:
             bm = sim.block_manager
             if bm.num_free_blocks != bm.num_blocks:
