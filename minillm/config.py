@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -211,13 +212,20 @@ def _either(values: tuple[object, ...]) -> str:
     return spelled[0] if len(spelled) == 1 else f"{', '.join(spelled[:-1])} or {spelled[-1]}"
 
 
+@functools.cache
+def choice_fields(cls: type) -> dict[str, tuple[object, ...]]:
+    """A dataclass's fields typed by a Literal, and the values each allows. Cached: resolving
+    the annotations costs more than building a config, which simulations do often."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: choices for f in fields(cls)
+            if (choices := literal_choices(hints[f.name])) is not None}
+
+
 def check_choices(config: object) -> None:
     """Refuse a value outside its field's Literal type, naming the field, the choices and the
     value: the types are the one list of the choices, so they cannot drift from this check."""
-    hints = typing.get_type_hints(type(config))
-    for field in fields(config):  # type: ignore[arg-type]
-        choices = literal_choices(hints[field.name])
-        value = getattr(config, field.name)
-        if choices is not None and value not in choices:
-            raise ValueError(f"{field.name} must be {_either(choices)}"
-                             f"{CHOICE_NOTES.get(field.name, '')}, got {value!r}")
+    for name, choices in choice_fields(type(config)).items():
+        value = getattr(config, name)
+        if value not in choices:
+            raise ValueError(f"{name} must be {_either(choices)}{CHOICE_NOTES.get(name, '')}, "
+                             f"got {value!r}")
