@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from minillm.config import PrefixCaching
-from minillm.radix_cache import RadixCache
+from minillm.prefix_cache.radix import RadixCache
 from minillm.request import Request
 from minillm.trace import CacheNode, PrefixCacheSnapshot
 

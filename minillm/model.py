@@ -20,9 +20,9 @@ from torch import nn
 
 from minillm.attention.torch_ref import TorchAttention
 from minillm.batch import AttentionMetadata
-from minillm.merged_weights import keep_checkpoint_names, stack_parts
+from minillm.calc.models import ModelLike, as_config
+from minillm.layers.merged_weights import keep_checkpoint_names, stack_parts
 from minillm.model_config import ModelConfig
-from minillm.models import ModelLike, as_config
 
 
 class RMSNorm(nn.Module):
@@ -37,7 +37,7 @@ class RMSNorm(nn.Module):
         """RMSNorm of x + residual: (normalised, x + residual), (T, E) each. The sum is the
         residual stream, which the next block adds its output to; with no residual, x is."""
         if self.fused:
-            from minillm import fused_ops  # imports triton: only when fused
+            from minillm.layers import fused_ops
             return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
@@ -131,7 +131,7 @@ class Attention(nn.Module):
         T = x.shape[0]
         qkv = self.qkv_proj(x)  # (T, E) -> (T, (H + 2K) D)
         if self.fused:
-            from minillm import fused_ops  # imports triton: only when fused
+            from minillm.layers import fused_ops
             q, k, v = fused_ops.qkv_rotary(qkv, rope, self.H, self.K)
         else:
             q, k, v = split_qkv_rotary(qkv, rope, self.H, self.K)
@@ -154,7 +154,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # (T, E) -> (T, 2F)
         if self.fused:
-            from minillm import fused_ops  # imports triton: only when fused
+            from minillm.layers import fused_ops
             return self.down_proj(fused_ops.silu_and_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)  # (T, F) each
         return self.down_proj(F.silu(gate) * up)  # SwiGLU: (T, F) -> (T, E)

@@ -11,11 +11,11 @@ import dataclasses
 
 import pytest
 
-from minillm.fleet import ApproximateTreeRouter, simulate_fleet
-from minillm.models import as_config
-from minillm.prefix_workload import TokenRequestSpec, shared_prefix
-from minillm.router import RoutedPrefixTree
-from minillm.workload import RequestSpec, Workload
+from minillm.calc.models import as_config
+from minillm.sim.fleet import ApproximateTreeRouter, simulate_fleet
+from minillm.sim.router import RoutedPrefixTree
+from minillm.workloads.prefixes import TokenRequestSpec, shared_prefix
+from minillm.workloads.streams import RequestSpec, Workload
 
 MODEL, HW = "llama-3-8b", "H100-SXM"
 V = as_config(MODEL).vocab_size

@@ -6,10 +6,10 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
-from minillm import autoscale
-from minillm.simulator import simulate
+from minillm.plan import autoscale
+from minillm.sim.simulator import simulate
 from minillm.trace import StepRecord
-from minillm.workload import poisson
+from minillm.workloads.streams import poisson
 
 
 def step(start: float, end: float, waiting: int = 0) -> StepRecord:
@@ -118,7 +118,7 @@ def test_at_rate_stretches_arrivals_to_the_rate_asked() -> None:
 
 
 def test_slo_replicas_divides_demand_by_the_highest_rate_the_slo_holds_at() -> None:
-    from minillm.deployment import Deployment
+    from minillm.plan.deployment import Deployment
 
     specs = poisson(120, 10.0, (200, 800), (50, 150), seed=0)
     slo = {"ttft": 0.5, "tpot": 0.05}

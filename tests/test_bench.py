@@ -10,9 +10,10 @@ import re
 
 import pytest
 
-from minillm import default_model_path, machine
+from minillm import default_model_path
 from minillm.bench import __main__ as bench_cli
 from minillm.bench import engine as bench_engine
+from minillm.calc import machine
 from minillm.model_config import ModelConfig
 
 

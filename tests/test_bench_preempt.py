@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from minillm import machine
 from minillm.bench import __main__ as bench_cli
 from minillm.bench import preempt
+from minillm.calc import machine
 
 pytestmark = pytest.mark.ch09
 
@@ -95,6 +95,6 @@ def test_the_bench_settles_threads_first(monkeypatch):
 
 
 def test_every_modelled_pair_fits_its_gpu() -> None:
-    from minillm.preemption import fits
+    from minillm.calc.preemption import fits
 
     assert all(fits(model, hw) for _, model, hw in preempt.MODELLED)

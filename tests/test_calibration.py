@@ -16,8 +16,9 @@ import time
 import pytest
 import torch
 
-from minillm import LLM, roofline, workload
-from minillm.calibration import (
+from minillm import LLM
+from minillm.calc import roofline
+from minillm.plan.calibration import (
     OVERHEAD_TERMS,
     CalibrationReport,
     calibrate,
@@ -25,10 +26,11 @@ from minillm.calibration import (
     phase_weights,
     step_terms,
 )
-from minillm.real_run import run_real
-from minillm.simulator import simulate
+from minillm.serve.real_run import run_real
+from minillm.sim.simulator import simulate
 from minillm.trace import ScheduledEntry, StepRecord
-from minillm.workload import RequestSpec, Workload
+from minillm.workloads import streams as workload
+from minillm.workloads.streams import RequestSpec, Workload
 
 
 def record(*entries: tuple[str, int, int]) -> StepRecord:

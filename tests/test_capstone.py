@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from minillm.capstone import SCENARIOS, evaluate, reference
-from minillm.deployment import Deployment, replica_share, run_deployment
+from minillm.plan.capstone import SCENARIOS, evaluate, reference
+from minillm.plan.deployment import Deployment, replica_share, run_deployment
 
 pytestmark = pytest.mark.ch11
 

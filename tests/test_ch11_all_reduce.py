@@ -9,9 +9,9 @@ import dataclasses
 
 import pytest
 
-from minillm import collectives, parallel
-from minillm.hardware import HARDWARE, LINKS
-from minillm.parallel import ParallelConfig
+from minillm.calc import collectives, parallel
+from minillm.calc.hardware import HARDWARE, LINKS
+from minillm.calc.parallel import ParallelConfig
 
 pytestmark = pytest.mark.ch11
 

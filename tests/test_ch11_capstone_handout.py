@@ -26,7 +26,7 @@ GRADE_IN_HANDOUT = textwrap.dedent("""
     import minillm
     assert minillm.__file__.startswith(sys.argv[1]), minillm.__file__
     assert importlib.util.find_spec("minillm.labs.solutions") is None
-    from minillm.capstone import evaluate, reference, student_scenario
+    from minillm.plan.capstone import evaluate, reference, student_scenario
     from minillm.labs.check import verdict
 
     def answer(student):  # a student's own work: the deployment, its figures, a paragraph

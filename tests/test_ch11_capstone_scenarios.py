@@ -9,10 +9,10 @@ import itertools
 
 import pytest
 
-from minillm.capstone import FAMILIES, SCENARIOS, evaluate, reference, student_scenario
+from minillm.calc.models import as_config
 from minillm.labs.__main__ import main
 from minillm.labs.ch11 import REPORT_TOLERANCE
-from minillm.models import as_config
+from minillm.plan.capstone import FAMILIES, SCENARIOS, evaluate, reference, student_scenario
 
 pytestmark = pytest.mark.ch11
 

@@ -11,14 +11,15 @@ import dataclasses
 
 import pytest
 
-from minillm import parallel, roofline, workload
-from minillm.disaggregation import (
+from minillm.calc import parallel, roofline
+from minillm.plan.disaggregation import (
     compare_disaggregation,
     simulate_disaggregated,
     tuned_colocated_kwargs,
 )
-from minillm.fleet import simulate_fleet
-from minillm.simulator import simulate
+from minillm.sim.fleet import simulate_fleet
+from minillm.sim.simulator import simulate
+from minillm.workloads import streams as workload
 
 pytestmark = pytest.mark.ch11
 

@@ -22,7 +22,7 @@ import torch
 from minillm.attention import io_cost
 from minillm.bench import kernels
 from minillm.bench.kernels import Baselines, Figure
-from minillm.hardware import HARDWARE
+from minillm.calc.hardware import HARDWARE
 
 pytestmark = pytest.mark.ch12
 
@@ -158,7 +158,7 @@ def test_chapter_12_uses_the_books_symbols() -> None:
 # memory-bound on a GPU; the cell checks the bound of the device it measured, in its dtype.
 def run_ridge_cell(monkeypatch: pytest.MonkeyPatch, hardware, gpu: bool,
                    capability: tuple[int, int] = (9, 0), name: str = "NVIDIA H200") -> dict:
-    from minillm import roofline
+    from minillm.calc import roofline
 
     monkeypatch.delenv("MINILLM_GPU_SHAPED", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
@@ -173,7 +173,7 @@ def run_ridge_cell(monkeypatch: pytest.MonkeyPatch, hardware, gpu: bool,
 
 
 def _hardware(name: str, flops: float, bandwidth: float, memory: float):
-    from minillm.hardware import Hardware
+    from minillm.calc.hardware import Hardware
 
     return Hardware(name, flops, bandwidth, memory)
 

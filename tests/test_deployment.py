@@ -5,16 +5,17 @@ import math
 
 import pytest
 
-from minillm import parallel, workload
-from minillm.capstone import SCENARIOS
-from minillm.deployment import (
+from minillm.calc import parallel
+from minillm.calc.hardware import HARDWARE
+from minillm.calc.models import as_config
+from minillm.plan.capstone import SCENARIOS
+from minillm.plan.deployment import (
     GPU_MEMORY_UTILIZATION,
     Deployment,
     activation_peak_bytes,
     run_deployment,
 )
-from minillm.hardware import HARDWARE
-from minillm.models import as_config
+from minillm.workloads import streams as workload
 
 pytestmark = pytest.mark.ch11
 

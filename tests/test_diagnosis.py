@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from minillm import diagnosis
-from minillm.diagnosis import CAUSES, mystery_deployment, mystery_deployments, student_seeds
 from minillm.metrics import percentile
+from minillm.plan import diagnosis
+from minillm.plan.diagnosis import CAUSES, mystery_deployment, mystery_deployments, student_seeds
 
 
 @pytest.fixture(scope="module")

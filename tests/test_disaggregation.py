@@ -12,10 +12,11 @@ import dataclasses
 
 import pytest
 
-from minillm import sizing, workload
-from minillm.disaggregation import compare_disaggregation, simulate_disaggregated
-from minillm.hardware import LINKS, Link
-from minillm.simulator import simulate
+from minillm.calc import sizing
+from minillm.calc.hardware import LINKS, Link
+from minillm.plan.disaggregation import compare_disaggregation, simulate_disaggregated
+from minillm.sim.simulator import simulate
+from minillm.workloads import streams as workload
 
 pytestmark = pytest.mark.ch11
 

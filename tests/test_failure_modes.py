@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from minillm import failure_modes as fm
-from minillm import models, roofline
+from minillm.calc import models, roofline
 from minillm.metrics import RequestMetrics, percentile
+from minillm.plan import failure_modes as fm
 from minillm.trace import ScheduledEntry, StepRecord
 
 

@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from minillm import workload
-from minillm.fleet import PrefixAwareRouter, ReplicaView, simulate_fleet
-from minillm.models import as_config
-from minillm.prefix_workload import ideal_prefix_reuse, shared_prefix
-from minillm.simulator import simulate
-from minillm.workload import Workload
+from minillm.calc.models import as_config
+from minillm.sim.fleet import PrefixAwareRouter, ReplicaView, simulate_fleet
+from minillm.sim.simulator import simulate
+from minillm.workloads import streams as workload
+from minillm.workloads.prefixes import ideal_prefix_reuse, shared_prefix
+from minillm.workloads.streams import Workload
 
 MODEL, HW = "llama-3-8b", "H100-SXM"
 V = as_config(MODEL).vocab_size

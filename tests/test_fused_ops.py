@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from aot_support import compile_in_subprocess
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minillm import fused_ops
 from minillm.attention import get_backend
 from minillm.config import EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
+from minillm.layers import fused_ops
 from minillm.model import LlamaForCausalLM, Rotary, split_qkv_rotary
 from minillm.model_config import ModelConfig
 
@@ -343,7 +343,7 @@ def compile_every_fused_kernel(arch: int, dtype_name: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from minillm import fused_ops
+    from minillm.layers import fused_ops
 
     def build(kernel, constexprs: dict, num_warps: int = 4) -> None:  # noqa: ANN001
         signature = {name: "constexpr" if name in constexprs else

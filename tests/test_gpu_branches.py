@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from minillm import LLM, models, roofline
+from minillm import LLM
+from minillm.calc import models, roofline
 
 CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minillm import models
 from minillm.bench import chapters
+from minillm.calc import models
+from minillm.calc.roofline import Hardware, batching_gain
 from minillm.quality import MOST_ANSWERS, same_answers
-from minillm.roofline import Hardware, batching_gain
 
 SMOL = models.get("smollm2-135m")
 CPU_FP32 = Hardware("a 2-core CPU in fp32", 47e9, 19e9, 24e9)  # measured here, 1 thread

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from minillm import MOVED
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Bottom to top. A module's layer is the first whose patterns match its dotted name.
@@ -22,30 +24,21 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("calculators: the config, shapes, datasheets, the device's rules, the cost models", [
         # minillm.spec and minillm.quant: their __init__s are namespaces that import nothing
         "minillm.config", "minillm.spec", "minillm.spec.config", "minillm.quant",
-        "minillm.hardware", "minillm.model_config", "minillm.models", "minillm.device",
-        "minillm.machine", "minillm.collectives", "minillm.parallel", "minillm.roofline",
-        "minillm.sizing", "minillm.preemption", "minillm.spec.cost", "minillm.quant.schemes",
-        "minillm.attention.io_cost", "minillm.attention.online_softmax",
-        "minillm.attention.tiles"]),
+        "minillm.calc", "minillm.calc.*", "minillm.model_config", "minillm.device",
+        "minillm.spec.cost", "minillm.quant.schemes", "minillm.attention.io_cost",
+        "minillm.attention.online_softmax", "minillm.attention.tiles"]),
     ("engine core: requests to LLM, attention, quant, speculative decoding", [
-        "minillm.request", "minillm.sampling", "minillm.metrics",
-        "minillm.trace", "minillm.tokenizer", "minillm.kv_cache", "minillm.radix_cache",
+        "minillm.request", "minillm.sampling", "minillm.metrics", "minillm.trace",
+        "minillm.tokenizer", "minillm.kv_cache", "minillm.prefix_cache", "minillm.prefix_cache.*",
         "minillm.waiting_queue", "minillm.scheduler", "minillm.swap", "minillm.batch",
-        "minillm.merged_weights", "minillm.fused_ops", "minillm.model", "minillm.cuda_graph",
-        "minillm.model_runner", "minillm.engine", "minillm.llm", "minillm.attention",
-        "minillm.attention.*", "minillm.quant.*", "minillm.spec.*"]),
-    ("workloads: request streams", ["minillm.workload", "minillm.prefix_workload"]),
-    ("simulator and fleet: the scheduler on a virtual clock", [
-        "minillm.simulated_pool", "minillm.simulated_engine", "minillm.simulator",
-        "minillm.router", "minillm.fleet", "minillm.virtual_engines", "minillm.kv_handover"]),
-    ("serving and measurement: the engine run on workloads in real time", [
-        "minillm.serving", "minillm.serving_result", "minillm.server_process",
-        "minillm.real_run", "minillm.quality", "minillm.calibration", "minillm.serve",
-        "minillm.serve.*"]),
-    ("deployment planning: recipe, failure modes, diagnosis", [
-        "minillm.deployment", "minillm.recipe", "minillm.recipe_steps", "minillm.capstone",
-        "minillm.failure_modes", "minillm.diagnosis", "minillm.dashboard", "minillm.autoscale",
-        "minillm.disaggregation"]),
+        "minillm.layers", "minillm.layers.*", "minillm.model", "minillm.cuda_graph",
+        "minillm.model_runner", "minillm.engine", "minillm.llm", "minillm.quality",
+        "minillm.attention", "minillm.attention.*", "minillm.quant.*", "minillm.spec.*"]),
+    ("workloads: request streams", ["minillm.workloads", "minillm.workloads.*"]),
+    ("simulator and fleet: the scheduler on a virtual clock", ["minillm.sim", "minillm.sim.*"]),
+    ("serving: the engine run on workloads in real time", ["minillm.serve", "minillm.serve.*"]),
+    ("deployment planning: recipe, disaggregation, failure modes, diagnosis, calibration", [
+        "minillm.plan", "minillm.plan.*"]),
     ("the public API", ["minillm"]),
     ("what readers run: widgets, labs, benchmarks, training, the CLI", [
         "widgets", "widgets.*", "minillm.labs", "minillm.labs.*", "minillm.bench",
@@ -89,6 +82,18 @@ def _imports(tree: ast.AST, package: str) -> list[tuple[str, str | None]]:
     return found
 
 
+def _home(module: str, attribute: str | None) -> tuple[str, str | None]:
+    """An import by a short name (minillm.roofline, or `from minillm import roofline`) as the
+    import of the module's home (minillm.calc.roofline): the same module object."""
+    parts = module.split(".")
+    if parts[0] == "minillm" and len(parts) > 1 and parts[1] in MOVED:
+        return ".".join(["minillm", MOVED[parts[1]], *parts[2:]]), attribute
+    if module == "minillm" and attribute in MOVED:
+        package, _, leaf = MOVED[attribute].rpartition(".")
+        return f"minillm.{package}", leaf
+    return module, attribute
+
+
 def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
     """Module -> the modules and package __init__s its imports run (within minillm, widgets)."""
     modules = {name.rstrip("/") for name in sources}
@@ -98,6 +103,7 @@ def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
         package = name if key.endswith("/") else name.rpartition(".")[0]
         targets: set[str] = set()
         for module, attribute in _imports(ast.parse(source), package):
+            module, attribute = _home(module, attribute)
             # `from m import x` imports the submodule m.x where there is one, else reads m
             target = f"{module}.{attribute}" if f"{module}.{attribute}" in modules else module
             parts = target.split(".")
@@ -187,19 +193,46 @@ def test_every_import_points_down_the_layers(sources) -> None:
     assert upward_imports(import_graph(sources)) == []
 
 
+def test_the_house_imports_each_module_from_its_home(sources) -> None:
+    """Short names are for chapters, labs and readers; inside minillm/ and widgets/ an import
+    says where the file is, so a reader can follow it."""
+    short = []
+    for key, source in sources.items():
+        name = key.rstrip("/")
+        package = name if key.endswith("/") else name.rpartition(".")[0]
+        for module, attribute in _imports(ast.parse(source), package):
+            if _home(module, attribute) != (module, attribute):
+                short.append(f"{name}: {module} {attribute or ''}".strip())
+    assert short == []
+
+
+def test_each_short_name_is_its_home_module() -> None:
+    import importlib
+
+    for short, home in MOVED.items():
+        module = importlib.import_module(f"minillm.{short}")
+        assert module is importlib.import_module(f"minillm.{home}")
+        assert module.__spec__.name == f"minillm.{home}"  # reload() and pickling see its home
+        assert (ROOT / "minillm" / (home.replace(".", "/") + ".py")).is_file()
+
+
 def test_the_checks_catch_an_added_cycle_and_an_upward_import(sources) -> None:
     """The rules bite: a calculator that imports the engine is an upward import, and the engine
     core importing the simulator from inside a function closes a cycle."""
     changed = dict(sources)
-    changed["minillm.roofline"] += "\n\ndef f():\n    from minillm.llm import LLM\n"
-    assert "minillm.roofline (calculators) -> minillm.llm (engine core)" in upward_imports(
+    changed["minillm.calc.roofline"] += "\n\ndef f():\n    from minillm.llm import LLM\n"
+    assert "minillm.calc.roofline (calculators) -> minillm.llm (engine core)" in upward_imports(
         import_graph(changed))
     changed = dict(sources)
-    changed["minillm.scheduler"] += "\n\ndef f():\n    from minillm.simulator import simulate\n"
-    assert any({"minillm.scheduler", "minillm.simulator"} <= set(c)
+    changed["minillm.scheduler"] += "\n\ndef f():\n    from minillm.sim.simulator import simulate\n"
+    assert any({"minillm.scheduler", "minillm.sim.simulator"} <= set(c)
                for c in cycles(import_graph(changed)))
+    short = dict(sources)  # a short name is followed to its home, so it is caught too
+    short["minillm.calc.sizing"] += "\n\ndef f():\n    from minillm import workload\n"
+    assert ("minillm.calc.sizing (calculators) -> minillm.workloads.streams (workloads)"
+            in upward_imports(import_graph(short)))
     typed = dict(sources)  # annotations only: allowed
-    typed["minillm.roofline"] += "\nif TYPE_CHECKING:\n    from minillm.llm import LLM\n"
+    typed["minillm.calc.roofline"] += "\nif TYPE_CHECKING:\n    from minillm.llm import LLM\n"
     assert upward_imports(import_graph(typed)) == upward_imports(import_graph(sources))
 
 

@@ -20,8 +20,8 @@ from support import admit
 
 from minillm.kv_cache import BlockManager, PrefixMatch, chain_hash
 from minillm.request import Request
-from minillm.router import ReplicaView
 from minillm.sampling import SamplingParams
+from minillm.sim.router import ReplicaView
 
 pytestmark = pytest.mark.ch04  # Paging
 

@@ -13,9 +13,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from minillm import roofline, simulator, sizing
-from minillm.roofline import Hardware
-from minillm.workload import RequestSpec
+from minillm.calc import roofline, sizing
+from minillm.calc.roofline import Hardware
+from minillm.sim import simulator
+from minillm.workloads.streams import RequestSpec
 
 pytestmark = [pytest.mark.ch03, pytest.mark.ch10]  # KV sizing, KV dtype
 

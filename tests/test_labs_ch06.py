@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from minillm import models
+from minillm.calc import models
+from minillm.calc.roofline import get_hardware, prefill_crossover
 from minillm.labs import check
 from minillm.labs.ch06 import BUDGET_WORKLOAD, CHUNK_CASES, BudgetScheduler, scheduler_chunks
 from minillm.labs.solutions.ch06 import MODEL_ANSWERS, chunk_schedule, step_budget
-from minillm.roofline import get_hardware, prefill_crossover
-from minillm.simulator import Simulator, resolve_config
-from minillm.workload import RequestSpec
+from minillm.sim.simulator import Simulator, resolve_config
+from minillm.workloads.streams import RequestSpec
 
 
 def ignores_decodes(p: int, b: int, d: int) -> list[int]:

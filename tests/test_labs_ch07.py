@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from minillm.calc.roofline import decode_step_time
+from minillm.calc.sizing import max_concurrency
 from minillm.labs import check
 from minillm.labs.ch07 import (
     CAPACITY_CASES,
@@ -17,8 +19,6 @@ from minillm.labs.ch07 import (
     tpot_of,
 )
 from minillm.labs.solutions.ch07 import MODEL_ANSWERS, SOLUTIONS, goodput
-from minillm.roofline import decode_step_time
-from minillm.sizing import max_concurrency
 
 
 @pytest.mark.ch07
@@ -193,8 +193,8 @@ def test_the_model_answer_to_07_4_holds_on_the_simulator() -> None:
     """07.4's model answer says the open loop's p99 TTFT grows with the run's length past
     capacity (the n-th request waits about n (1/c - 1/r)), faster at 3x than at 1.5x, while a
     closed loop's stays put. Check it on the modelled H100 with the chapter's workload."""
-    from minillm.simulator import simulate
-    from minillm.workload import Mixture, closed_loop, poisson
+    from minillm.sim.simulator import simulate
+    from minillm.workloads.streams import Mixture, closed_loop, poisson
 
     prompts, outputs = Mixture([(0.9, (16, 64)), (0.1, (384, 512))]), (16, 48)
     gpu = dict(model="llama-3-8b", hw="H100-SXM", max_num_seqs=64, record_block_tables=False)

@@ -15,7 +15,7 @@ from minillm.labs.ch08 import (
     run_router,
 )
 from minillm.labs.solutions.ch08 import MODEL_ANSWERS, SOLUTIONS, hit_tokens
-from minillm.router import PrefixAwareRouter, RoundRobinRouter
+from minillm.sim.router import PrefixAwareRouter, RoundRobinRouter
 
 
 @pytest.mark.ch08

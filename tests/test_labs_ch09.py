@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from minillm.diagnosis import CAUSES, Deployment, share_of_prompt_shared
 from minillm.labs import check
 from minillm.labs.ch09 import GRADING, MIN_RIGHT, grading_deployment, hint
 from minillm.labs.solutions.ch09 import MODEL_ANSWERS, SOLUTIONS, diagnose
 from minillm.metrics import percentile
+from minillm.plan.diagnosis import CAUSES, Deployment, share_of_prompt_shared
 
 
 @pytest.mark.ch09

@@ -12,8 +12,6 @@ import dataclasses
 
 import pytest
 
-from minillm.capstone import SCENARIOS, evaluate, reference, student_scenario
-from minillm.deployment import Deployment
 from minillm.labs import check
 from minillm.labs.ch11 import MIN_WORDS, RUBRIC, RUBRIC_POINTS, _failure_hint
 from minillm.labs.solutions.ch11 import (
@@ -23,6 +21,8 @@ from minillm.labs.solutions.ch11 import (
     all_reduce_time,
     capstone,
 )
+from minillm.plan.capstone import SCENARIOS, evaluate, reference, student_scenario
+from minillm.plan.deployment import Deployment
 
 pytestmark = pytest.mark.ch11
 

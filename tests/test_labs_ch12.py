@@ -193,7 +193,7 @@ def test_the_model_answer_quotes_io_cost_and_tiles_as_they_are() -> None:
     """Its table and SRAM figures are io_cost's at S = 32,768, 32 heads; its tiles are TILES'."""
     from minillm.attention import io_cost
     from minillm.attention.tiles import TILES
-    from minillm.hardware import get_hardware
+    from minillm.calc.hardware import get_hardware
 
     text = MODEL_ANSWERS["12.3"]
     for gpu in ("A100-40GB", "A100-80GB", "H100-SXM"):

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from minillm import machine
+from minillm.calc import machine
 
 
 def test_describe_names_device_cores_and_threads() -> None:

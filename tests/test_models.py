@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minillm import models
+from minillm.calc import models
 from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
 

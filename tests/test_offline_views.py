@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minillm import simulate, workload
+from minillm import simulate
+from minillm.workloads import streams as workload
 from widgets import (
     BatchTimeline,
     BlockTableView,

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from minillm import models, parallel, roofline, sizing
-from minillm.hardware import HARDWARE, LINKS, Hardware, Link
-from minillm.parallel import ParallelConfig
+from minillm.calc import models, parallel, roofline, sizing
+from minillm.calc.hardware import HARDWARE, LINKS, Hardware, Link
+from minillm.calc.parallel import ParallelConfig
 
 pytestmark = pytest.mark.ch11
 

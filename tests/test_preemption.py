@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from minillm import models, roofline
-from minillm.preemption import PreemptionCost, crossover_context_len, preemption_costs
+from minillm.calc import models, roofline
+from minillm.calc.preemption import PreemptionCost, crossover_context_len, preemption_costs
 
 pytestmark = pytest.mark.ch09
 
@@ -104,7 +104,7 @@ def test_bad_inputs_name_the_value():
     ("qwen3-0.6b", "T4", True),
 ])
 def test_fits_is_weights_plus_one_request_within_the_usable_memory(model, hw, fit) -> None:
-    from minillm.preemption import crossover_summary, fits
+    from minillm.calc.preemption import crossover_summary, fits
 
     assert fits(model, hw) is fit
     cell = crossover_summary(model, hw)
@@ -114,7 +114,7 @@ def test_fits_is_weights_plus_one_request_within_the_usable_memory(model, hw, fi
 
 
 def test_a_crossover_table_row_says_plainly_what_does_not_fit() -> None:
-    from minillm.preemption import crossover_summary
+    from minillm.calc.preemption import crossover_summary
 
     assert crossover_summary("llama-3-8b", "T4") == "does not fit (16 GB > 14 GB)"
     assert crossover_summary("llama-3-8b", "H100-SXM") == "swap at every length"

@@ -15,9 +15,9 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
-from minillm.prefix_workload import ideal_prefix_reuse, multi_turn, run_conversations
-from minillm.simulator import simulate
-from minillm.workload import RequestSpec
+from minillm.sim.simulator import simulate
+from minillm.workloads.prefixes import ideal_prefix_reuse, multi_turn, run_conversations
+from minillm.workloads.streams import RequestSpec
 
 pytestmark = pytest.mark.ch08  # Prefix caching
 

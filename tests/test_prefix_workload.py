@@ -11,7 +11,10 @@ import pytest
 
 from minillm import LLM, default_model_path
 from minillm.model_config import ModelConfig
-from minillm.prefix_workload import (
+from minillm.request import RequestOutput
+from minillm.sampling import SamplingParams
+from minillm.sim.simulator import simulate
+from minillm.workloads.prefixes import (
     Conversation,
     TokenRequestSpec,
     ideal_prefix_reuse,
@@ -21,10 +24,7 @@ from minillm.prefix_workload import (
     shared_prefix,
     shared_token_fraction,
 )
-from minillm.request import RequestOutput
-from minillm.sampling import SamplingParams
-from minillm.simulator import simulate
-from minillm.workload import RequestSpec
+from minillm.workloads.streams import RequestSpec
 
 V = ModelConfig.from_pretrained(default_model_path()).vocab_size
 

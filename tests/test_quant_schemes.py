@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minillm import parallel
-from minillm.parallel import ParallelConfig
+from minillm.calc import parallel
+from minillm.calc.parallel import ParallelConfig
 from minillm.quant.schemes import SCHEMES, get_scheme
 
 MODEL, GPU = "llama-3-8b", "H100-SXM"

@@ -11,7 +11,7 @@ import pytest
 from support import admit  # admission as the scheduler does it, for either design
 
 from minillm.kv_cache import BlockManager, PrefixMatch
-from minillm.radix_cache import RadixCache
+from minillm.prefix_cache.radix import RadixCache
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 

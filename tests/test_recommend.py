@@ -7,10 +7,11 @@ import math
 
 import pytest
 
-from minillm import parallel, simulate, workload
-from minillm.hardware import HARDWARE
+from minillm import simulate
+from minillm.calc import parallel
+from minillm.calc.hardware import HARDWARE
 from minillm.metrics import percentile
-from minillm.recipe import (
+from minillm.plan.recipe import (
     MAX_NUM_SEQS_CAP,
     MIN_BATCHED_TOKENS,
     attainment,
@@ -18,6 +19,7 @@ from minillm.recipe import (
     recommend,
     replica_share,
 )
+from minillm.workloads import streams as workload
 
 pytestmark = pytest.mark.ch11
 
@@ -208,7 +210,7 @@ def _fake_runs(breaks_above: int, peak=lambda n: n):
 
 
 def test_max_num_seqs_rises_by_quarters_until_the_slo_breaks_then_backs_off():
-    from minillm.recipe import climb_max_num_seqs
+    from minillm.plan.recipe import climb_max_num_seqs
 
     run, calls = _fake_runs(breaks_above=170)
     chosen = climb_max_num_seqs(run, 100, 0.9)
@@ -217,7 +219,7 @@ def test_max_num_seqs_rises_by_quarters_until_the_slo_breaks_then_backs_off():
 
 
 def test_max_num_seqs_stops_at_twice_the_formula_and_when_the_cap_never_binds():
-    from minillm.recipe import climb_max_num_seqs
+    from minillm.plan.recipe import climb_max_num_seqs
 
     run, calls = _fake_runs(breaks_above=10_000)
     assert climb_max_num_seqs(run, 40, 0.9).deployment.max_num_seqs == 80
@@ -228,7 +230,7 @@ def test_max_num_seqs_stops_at_twice_the_formula_and_when_the_cap_never_binds():
 
 
 def test_max_num_seqs_falls_by_the_same_steps_when_the_formula_breaks_the_slo():
-    from minillm.recipe import climb_max_num_seqs
+    from minillm.plan.recipe import climb_max_num_seqs
 
     run, calls = _fake_runs(breaks_above=60)
     assert climb_max_num_seqs(run, 100, 0.9).deployment.max_num_seqs == 50
@@ -241,8 +243,8 @@ def test_int8_weights_halve_the_tp_a_70b_needs(chat):
     """Step 1 for 4,096-token requests: 70 GB of int8 weights fit two H100s with room for the
     K/V of four; bf16's 141 GB need four GPUs. The whole recipe carries the scheme into its
     deployment and its reasoning."""
-    from minillm.models import as_config
-    from minillm.recipe import choose_layout
+    from minillm.calc.models import as_config
+    from minillm.plan.recipe import choose_layout
 
     config, longest = as_config("llama-3-70b"), 4096
     bf16 = choose_layout(config, HARDWARE["H100-SXM"], 8, longest, [])

@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from minillm import models, roofline
-from minillm.roofline import (
+from minillm.calc import models, roofline
+from minillm.calc.roofline import (
     HARDWARE,
     Hardware,
     StepCost,

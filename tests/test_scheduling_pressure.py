@@ -14,8 +14,8 @@ from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
 from minillm.serve.__main__ import add_arguments
 from minillm.serve.protocol import APIError, parse_completion
-from minillm.simulator import simulate
-from minillm.workload import RequestSpec
+from minillm.sim.simulator import simulate
+from minillm.workloads.streams import RequestSpec
 
 pytestmark = pytest.mark.ch09
 

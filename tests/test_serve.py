@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minillm import LLM, SamplingParams, serving
+from minillm import LLM, SamplingParams
 from minillm.bench.__main__ import main
 from minillm.bench.serve import SweepResult, sweep
-from minillm.serving import ServingResult, parse_slo, run_serving
-from minillm.workload import RequestSpec, Workload, closed_loop, poisson
+from minillm.serve import serving
+from minillm.serve.serving import ServingResult, parse_slo, run_serving
+from minillm.workloads.streams import RequestSpec, Workload, closed_loop, poisson
 
 VOCAB = 4096
 

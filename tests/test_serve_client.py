@@ -29,9 +29,9 @@ from minillm.serve.datasets import (
     shakespeare_passages,
     sharegpt_requests,
 )
-from minillm.serving import ServingResult, parse_slo, run_serving
+from minillm.serve.serving import ServingResult, parse_slo, run_serving
 from minillm.tokenizer import load_tokenizer
-from minillm.workload import RequestSpec, Workload, closed_loop, poisson
+from minillm.workloads.streams import RequestSpec, Workload, closed_loop, poisson
 
 # Request i's chunks: (delay before it in s, tokens in it). usage counts the tokens.
 SCRIPTS = [[(0.03, 1), (0.01, 2), (0.02, 1)],

@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 import minillm
-from minillm import server_process
-from minillm.server_process import ServerProcess, child_env
+from minillm.serve import server_process
+from minillm.serve.server_process import ServerProcess, child_env
 
 # A stand-in for `python -m minillm.serve`: answers /health at once, so these tests take
 # milliseconds rather than a model load. It binds --port like the real server (and fails the

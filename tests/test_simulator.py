@@ -17,13 +17,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm import LLM, default_model_path, roofline, workload
-from minillm.calibration import calibrate, step_phase
+from minillm import LLM, default_model_path
+from minillm.calc import roofline
 from minillm.model_config import ModelConfig
+from minillm.plan.calibration import calibrate, step_phase
 from minillm.sampling import SamplingParams
-from minillm.simulator import goodput_curve, knee, simulate
+from minillm.sim.simulator import goodput_curve, knee, simulate
 from minillm.trace import StepRecord
-from minillm.workload import RequestSpec, Workload
+from minillm.workloads import streams as workload
+from minillm.workloads.streams import RequestSpec, Workload
 
 SHIPPED = ModelConfig.from_pretrained(default_model_path())
 SLO = {"ttft": 0.5, "tpot": 0.05}

@@ -3,9 +3,10 @@ TP x PP layout, its pool sized per GPU and its steps priced by minillm.parallel.
 
 import pytest
 
-from minillm import parallel, workload
-from minillm.parallel import ParallelConfig
-from minillm.simulator import simulate
+from minillm.calc import parallel
+from minillm.calc.parallel import ParallelConfig
+from minillm.sim.simulator import simulate
+from minillm.workloads import streams as workload
 
 pytestmark = pytest.mark.ch11
 

@@ -16,14 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm import LLM, default_model_path, models, roofline, workload
+from minillm import LLM, default_model_path
+from minillm.calc import models, roofline
 from minillm.model_config import ModelConfig
 from minillm.sampling import SamplingParams
-from minillm.simulator import SimulationResult, Simulator, resolve_config, simulate
+from minillm.sim.simulator import SimulationResult, Simulator, resolve_config, simulate
 from minillm.spec.cost import expected_tokens_per_step
 from minillm.spec.simulate import SimulatedSpeculation
 from minillm.trace import StepRecord
-from minillm.workload import RequestSpec
+from minillm.workloads import streams as workload
+from minillm.workloads.streams import RequestSpec
 
 pytestmark = pytest.mark.ch10
 

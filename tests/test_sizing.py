@@ -11,16 +11,16 @@ from __future__ import annotations
 import pytest
 
 import minillm
-from minillm import models
-from minillm.kv_cache import kv_cache_block_bytes
-from minillm.roofline import HARDWARE
-from minillm.sizing import (
+from minillm.calc import models
+from minillm.calc.roofline import HARDWARE
+from minillm.calc.sizing import (
     cost_per_million_tokens,
     kv_bytes_per_token,
     kv_cache_bytes,
     max_concurrency,
     weight_bytes,
 )
+from minillm.kv_cache import kv_cache_block_bytes
 
 pytestmark = pytest.mark.ch03  # KV sizing
 

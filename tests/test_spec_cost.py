@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from minillm import roofline
+from minillm.calc import roofline
 from minillm.spec.cost import (
     best_num_speculative_tokens,
     check_fits,

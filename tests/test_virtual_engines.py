@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from minillm import parallel, simulate, workload
-from minillm.parallel import ParallelConfig
-from minillm.virtual_engines import Pipeline, PipelinedStep, fewest_unfinished
+from minillm import simulate
+from minillm.calc import parallel
+from minillm.calc.parallel import ParallelConfig
+from minillm.sim.virtual_engines import Pipeline, PipelinedStep, fewest_unfinished
+from minillm.workloads import streams as workload
 
 pytestmark = pytest.mark.ch11
 

@@ -241,8 +241,8 @@ def test_views_replay_a_real_trace_with_prefix_caching_and_preemption(engine_tra
 
 
 def test_timeline_replays_a_simulated_trace() -> None:
-    from minillm import workload
-    from minillm.simulator import simulate
+    from minillm.sim.simulator import simulate
+    from minillm.workloads import streams as workload
 
     work = workload.shared_prefix(12, 20.0, prefix_len=64, num_prefixes=2, suffix_len=(8, 16),
                                   output_len=(4, 12), seed=1)

@@ -199,8 +199,8 @@ def test_views_replay_the_swaps_of_a_real_engine_run(swap_llm) -> None:
 
 @pytest.mark.parametrize("num_requests", [40, 90])  # 90: more requests than rows, aggregated
 def test_views_replay_a_simulated_run_with_swaps(num_requests: int) -> None:
-    from minillm import workload
-    from minillm.simulator import simulate
+    from minillm.sim.simulator import simulate
+    from minillm.workloads import streams as workload
 
     work = workload.poisson(num_requests, 200.0, prompt_len=(200, 600), output_len=(50, 200),
                             seed=1)

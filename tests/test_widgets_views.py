@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("anywidget", reason="the widgets need the [book] extra (anywidget)")
 
-from minillm import roofline, sizing  # noqa: E402
+from minillm.calc import roofline, sizing
 from widgets import roofline as roofline_view  # noqa: E402
 from widgets.kv_calculator import KVCalculator, kv_numbers  # noqa: E402
 from widgets.roofline import RooflineExplorer, roofline_points  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm import workload as wl
-from minillm.workload import (
+from minillm.workloads import streams as wl
+from minillm.workloads.streams import (
     Choice,
     LogNormal,
     Mixture,

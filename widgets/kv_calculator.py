@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm import models
-from minillm.roofline import HARDWARE
-from minillm.sizing import (
+from minillm.calc import models
+from minillm.calc.roofline import HARDWARE
+from minillm.calc.sizing import (
     kv_bytes_per_token,
     kv_cache_bytes,
     kv_cache_dtype_bytes,
@@ -85,7 +85,7 @@ class KVNumbers:
 
 def kv_numbers(model: str, context_len: int, batch: int, dtype_bytes: float,
                hardware: str, kv_dtype: str = SAME_AS_WEIGHTS) -> KVNumbers:
-    """The calculator's numbers for one state, all from minillm.sizing. dtype_bytes: bytes per
+    """The calculator's numbers for one state, all from minillm.calc.sizing. dtype_bytes: bytes per
     weight; kv_dtype: one of KV_DTYPES, the cache's dtype."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"unknown kv_dtype {kv_dtype!r}; choose from {', '.join(KV_DTYPES)}")

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from minillm import models
-from minillm.roofline import (
+from minillm.calc import models
+from minillm.calc.roofline import (
     HARDWARE,
     Hardware,
     StepCost,

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minillm.hardware import Hardware, get_hardware
-from minillm.roofline import StepCost
+from minillm.calc.hardware import Hardware, get_hardware
+from minillm.calc.roofline import StepCost
 
 # Shared memory (the SRAM a kernel's tiles live in) per streaming multiprocessor, in bytes.
 # A100: 192 KB of L1/shared memory per SM, as FlashAttention's paper gives it (its section 2.1).

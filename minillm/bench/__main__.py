@@ -8,7 +8,6 @@ import sys
 
 import torch
 
-from minillm import machine
 from minillm.bench import (
     chapters,
     engine,
@@ -23,6 +22,7 @@ from minillm.bench import (
     spec,
     tiles,
 )
+from minillm.calc import machine
 
 # Each command is the module that runs it: add_arguments(parser) and main(args), which returns
 # an exit status or, for engine and simulate, the figures it printed (then 0). Those that time

@@ -29,7 +29,7 @@ from typing import Literal
 
 import torch
 
-from minillm import machine
+from minillm.calc import machine
 from minillm.llm import LLM, default_model_path
 from minillm.sampling import SamplingParams
 

@@ -22,8 +22,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from minillm import machine
 from minillm.bench.engine import Ratio
+from minillm.calc import machine
 from minillm.config import EngineConfig
 from minillm.engine import Engine
 from minillm.model import LlamaForCausalLM

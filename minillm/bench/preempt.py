@@ -25,12 +25,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from minillm import machine, models
 from minillm.bench.engine import Ratio, interleaved_rounds, timed
+from minillm.calc import machine, models
+from minillm.calc.preemption import crossover_context_len, fits, preemption_costs
 from minillm.llm import LLM, default_model_path
 from minillm.metrics import percentile
 from minillm.model_config import ModelConfig
-from minillm.preemption import crossover_context_len, fits, preemption_costs
 from minillm.sampling import SamplingParams
 
 RUNS = ("ample", "recompute", "swap")

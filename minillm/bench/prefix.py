@@ -21,18 +21,18 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from minillm import machine
 from minillm.bench.engine import Ratio, interleaved_rounds
+from minillm.calc import machine
 from minillm.llm import LLM, default_model_path
 from minillm.model_config import ModelConfig
-from minillm.prefix_workload import (
+from minillm.sampling import SamplingParams
+from minillm.workloads.prefixes import (
     ideal_prefix_reuse,
     in_issue_order,
     multi_turn,
     run_conversations,
     shared_prefix,
 )
-from minillm.sampling import SamplingParams
 
 DESIGNS = ("hash", "radix")
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from minillm import machine
 from minillm.batch import build_batch
 from minillm.bench.engine import interleaved_rounds, timed
+from minillm.calc import machine
 from minillm.kv_cache import allocate_kv_cache
 from minillm.llm import LLM, default_model_path
 from minillm.quality import held_out_text, perplexity, token_stream

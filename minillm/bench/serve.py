@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minillm.llm import LLM, default_model_path
-from minillm.serving import (
+from minillm.serve.serving import (
     DEFAULT_PERCENTILES,
     PERCENTILE_METRICS,
     TABLE_COLUMNS,
@@ -34,7 +34,7 @@ from minillm.serving import (
     warm_up,
 )
 from minillm.tokenizer import load_tokenizer
-from minillm.workload import Length, Workload, poisson, shared_prefix
+from minillm.workloads.streams import Length, Workload, poisson, shared_prefix
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -24,11 +24,12 @@ import math
 
 import torch
 
-from minillm import roofline, workload
-from minillm.calibration import PHASES, calibrate
+from minillm.calc import roofline
 from minillm.llm import LLM
 from minillm.metrics import Summary
-from minillm.simulator import goodput_curve, knee, simulate
+from minillm.plan.calibration import PHASES, calibrate
+from minillm.sim.simulator import goodput_curve, knee, simulate
+from minillm.workloads import streams as workload
 
 SLO = {"ttft": 0.5, "tpot": 0.05}  # seconds
 PROMPT_LEN, OUTPUT_LEN = (128, 1024), (32, 512)  # tokens, uniform

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm import machine
 from minillm.bench.engine import Ratio, interleaved_rounds, timed
+from minillm.calc import machine
 from minillm.llm import LLM, default_draft_path
 from minillm.quality import held_out_text, same_answers
 from minillm.sampling import SamplingParams

@@ -115,7 +115,7 @@ def grade_serve(serve: Any) -> str:
     expect_callable(serve, "serve(engine, prompts, params) -> list of RequestOutput")
     import torch
 
-    from minillm import machine
+    from minillm.calc import machine
 
     threads = torch.get_num_threads()
     machine.settle_threads()

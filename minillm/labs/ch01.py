@@ -95,7 +95,7 @@ def simulated_tpot(batch: int) -> float:
     """Median decode step (seconds) of `batch` Llama-3-8B requests (2,048-token prompts) served
     together on a simulated H100-SXM by the engine's scheduler with max_num_seqs=batch."""
     from minillm import simulate
-    from minillm import workload as wl
+    from minillm.workloads import streams as wl
 
     work = wl.poisson(batch, float("inf"), prompt_len=SIM_PROMPT_LEN,
                       output_len=SIM_OUTPUT_LEN, seed=0)

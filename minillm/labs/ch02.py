@@ -107,8 +107,9 @@ def _simulated_with(roofline_time: Any) -> tuple[list[tuple[str, float, float]],
                                                  list[tuple[str, float, float]], int]:
     """(request id, TTFT, TPOT) of a small Llama-3-8B workload simulated on an H100 with each
     step priced by roofline_time, the same with minillm's step_time, and the number of steps."""
-    from minillm import roofline, simulator
-    from minillm import workload as wl
+    from minillm.calc import roofline
+    from minillm.sim import simulator
+    from minillm.workloads import streams as wl
 
     def priced(model: Any, hw: Any, entries: Any, dtype_bytes: float = 2, *overheads: float,
                **named: float) -> roofline.StepCost:
@@ -135,7 +136,7 @@ def _simulated_with(roofline_time: Any) -> tuple[list[tuple[str, float, float]],
 def _byte_cases() -> list[tuple[Any, list[tuple[int, int]], int]]:
     """(config, entries, dtype_bytes): a decode, a decode batch, a prefill, a chunk over a cached
     prefix, and a mixed step, on the shipped model's shape and SmolLM2-135M's (both tied)."""
-    from minillm import models
+    from minillm.calc import models
     from minillm.llm import default_model_path
     from minillm.model_config import ModelConfig
 
@@ -178,7 +179,7 @@ def _engine_step_entries() -> tuple[Any, int, list[list[tuple[int, int]]]]:
     entries of every step of a real run with chunked prefill and a small token budget."""
     import torch
 
-    from minillm import machine
+    from minillm.calc import machine
     from minillm.llm import LLM
     from minillm.sampling import SamplingParams
 
@@ -199,7 +200,7 @@ def _engine_step_entries() -> tuple[Any, int, list[list[tuple[int, int]]]]:
 
 
 def grade_step_bytes(step_bytes: Any) -> str:
-    from minillm.roofline import step_flops_bytes
+    from minillm.calc.roofline import step_flops_bytes
 
     expect_callable(step_bytes, "step_bytes(config, entries, dtype_bytes) -> bytes")
     for config, entries, b in _byte_cases():

@@ -13,7 +13,7 @@ GB = 1e9
 def _kv_cases() -> list[tuple[Any, int, int, float]]:
     """(ModelConfig, seq_len, batch, dtype_bytes): the primer's 512 MiB first, then shapes where
     each common slip changes the answer (batch > 1, H != K, head_dim != hidden / heads)."""
-    from minillm import models
+    from minillm.calc import models
 
     return [(models.get("llama-3-8b"), 4096, 1, 2), (models.get("llama-3-8b"), 8192, 16, 1),
             (models.get("qwen2.5-7b"), 32768, 4, 2), (models.get("llama-3-70b"), 8192, 8, 2),
@@ -80,8 +80,8 @@ def grade_kv_bytes(kv_bytes: Any) -> str:
 
 def _wall_cases() -> list[tuple[float, float, float, int, str]]:
     """(memory, weights, KV bytes per sequence, answer, what the case is)."""
-    from minillm import models
-    from minillm.sizing import kv_cache_bytes, weight_bytes
+    from minillm.calc import models
+    from minillm.calc.sizing import kv_cache_bytes, weight_bytes
 
     llama, big = models.get("llama-3-8b"), models.get("llama-3-70b")
     w8, kv8 = weight_bytes(llama), kv_cache_bytes(llama, 8192)
@@ -131,7 +131,7 @@ def _engine_wall(max_sequences: Any) -> tuple[int, int]:
     import random
 
     from minillm import LLM, SamplingParams
-    from minillm.sizing import kv_cache_bytes
+    from minillm.calc.sizing import kv_cache_bytes
 
     llm = LLM(num_kv_blocks=44, max_model_len=128)
     pool = llm.engine.runner.kv_cache

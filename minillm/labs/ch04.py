@@ -121,7 +121,7 @@ def _simulated_steps() -> tuple[list[tuple[list[int], float]], int, int]:
     """(token counts of a step's requests, paged waste from its real block tables) for every
     step of a small run of the real scheduler and BlockManager; block size; max_model_len."""
     from minillm import simulate
-    from minillm import workload as wl
+    from minillm.workloads import streams as wl
 
     P, max_len = 8, 256
     work = wl.poisson(12, 50.0, prompt_len=(5, 90), output_len=(3, 40), seed=3)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from minillm import machine
+from minillm.calc import machine
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.labs.exercise import Exercise, expect_callable

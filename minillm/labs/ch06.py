@@ -12,14 +12,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from minillm import models
+from minillm.calc import models
+from minillm.calc.roofline import get_hardware, prefill_crossover
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.labs.exercise import Exercise, close, expect_callable
-from minillm.roofline import get_hardware, prefill_crossover
 from minillm.scheduler import Scheduler, SchedulerOutput
-from minillm.simulator import Simulator, resolve_config, simulate
-from minillm.workload import Mixture, RequestSpec, poisson
+from minillm.sim.simulator import Simulator, resolve_config, simulate
+from minillm.workloads.streams import Mixture, RequestSpec, poisson
 
 CHUNK_CASES = [(1024, 128, 8), (1000, 256, 0), (100, 512, 8), (2048, 2048, 4), (640, 128, 0),
                (300, 40, 32), (7, 9, 8)]

@@ -17,11 +17,11 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from minillm.calc.roofline import decode_step_time
+from minillm.calc.sizing import max_concurrency
 from minillm.labs.exercise import Exercise, close, expect_callable
 from minillm.metrics import RequestMetrics
-from minillm.roofline import decode_step_time
-from minillm.serving import RequestRecord
-from minillm.sizing import max_concurrency
+from minillm.serve.serving import RequestRecord
 
 # ---- records of a recorded stream ------------------------------------------------------------
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from minillm.labs.exercise import Exercise, expect_callable
-from minillm.prefix_workload import random_tokens, shared_prefix
-from minillm.workload import Workload
+from minillm.workloads.prefixes import random_tokens, shared_prefix
+from minillm.workloads.streams import Workload
 
 # ---- 08.1: a cache-aware router, run in the fleet simulator ---------------------------------
 
@@ -62,7 +62,7 @@ class RoutingScore:
 
 def run_router(route: Callable[..., Any], case: RoutingCase) -> RoutingScore:
     """Serve case's workload behind route; raises ValueError if route returns a bad index."""
-    from minillm.fleet import simulate_fleet  # the simulator: imported when a grader runs
+    from minillm.sim.fleet import simulate_fleet  # the simulator: imported when a grader runs
 
     fleet = simulate_fleet(MODEL, HARDWARE, case.workload(), num_replicas=case.num_replicas,
                            routing=route, num_kv_blocks=case.num_kv_blocks)

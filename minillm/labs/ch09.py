@@ -87,7 +87,7 @@ CONFUSIONS = {
 @functools.cache
 def grading_deployment(index: int) -> Any:
     """GRADING[index]'s deployment, simulated once per session (about a second)."""
-    from minillm.diagnosis import mystery_deployment  # the simulator: loaded when grading
+    from minillm.plan.diagnosis import mystery_deployment  # the simulator: loaded when grading
 
     seed, cause = GRADING[index]
     return mystery_deployment(seed, cause)
@@ -102,7 +102,7 @@ def hint(cause: str, answer: str) -> str:
 
 
 def grade_diagnose(diagnose: Any) -> str:
-    from minillm.diagnosis import CAUSES
+    from minillm.plan.diagnosis import CAUSES
 
     expect_callable(diagnose, "diagnose(deployment) -> one of minillm.diagnosis.CAUSES")
     answers = []
@@ -143,7 +143,7 @@ JOB_SLOWDOWN_MAX = 1.3
 
 
 def share_workload() -> list[Any]:
-    from minillm import workload
+    from minillm.workloads import streams as workload
 
     jobs = [workload.RequestSpec(0.0, 1024, 512, seed=i, priority=1) for i in range(128)]
     chats = [workload.RequestSpec(s.arrival_time, s.prompt_len, s.output_len, seed=1000 + i,
@@ -156,7 +156,7 @@ def serve_with_policy(policy: Any) -> tuple[float, float, int]:
     """(chats' p99 TTFT, seconds until the last job finished, preemptions) of share_workload
     served FCFS on SHARE_SEATS seats with policy as the scheduler's admission_policy."""
     from minillm.metrics import percentile
-    from minillm.simulator import simulate
+    from minillm.sim.simulator import simulate
 
     specs = share_workload()
     run = simulate("llama-3-8b", "H100-SXM", specs, max_num_seqs=SHARE_SEATS,

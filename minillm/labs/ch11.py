@@ -47,8 +47,8 @@ CASES = [(4e9, 8, "NVLink 4"), (4e9, 2, "NVLink 3"), (2e9, 16, "InfiniBand NDR")
 
 
 def _check_cases(all_reduce_time: Callable) -> None:
-    from minillm.collectives import all_reduce_time as reference
-    from minillm.hardware import LINKS
+    from minillm.calc.collectives import all_reduce_time as reference
+    from minillm.calc.hardware import LINKS
 
     for nbytes, n, name in CASES:
         link = LINKS[name]
@@ -84,8 +84,8 @@ def _check_cases(all_reduce_time: Callable) -> None:
 def _check_in_model(all_reduce_time: Callable) -> tuple[float, int]:
     """The reader's function in place of the model's: the same TPOT at TP 2, 4, 8. Returns the
     all-reduces' share of a TP-8 decode step and their number, for the message."""
-    from minillm import parallel
-    from minillm.models import as_config
+    from minillm.calc import parallel
+    from minillm.calc.models import as_config
 
     def adapted(nbytes: float, n: int, link: Any) -> float:
         return all_reduce_time(nbytes, n, link.bandwidth, link.latency)
@@ -163,7 +163,7 @@ def _answer_fields(answer: Any) -> dict[str, Any]:
 
 
 def _scenario(answer: dict[str, Any]) -> Any:
-    from minillm.capstone import student_scenario
+    from minillm.plan.capstone import student_scenario
 
     try:
         return student_scenario(answer["student"])
@@ -174,7 +174,7 @@ def _scenario(answer: dict[str, Any]) -> Any:
 def _deployment(answer: dict[str, Any]) -> Any:
     """The Deployment the answer names: the required knobs, and any other field of Deployment
     (enable_chunked_prefill, quantization, ...) the answer sets."""
-    from minillm.deployment import Deployment
+    from minillm.plan.deployment import Deployment
 
     names = {f.name for f in dataclasses.fields(Deployment)}
     knobs = {k: v for k, v in answer.items() if k in names}
@@ -185,9 +185,9 @@ def _deployment(answer: dict[str, Any]) -> Any:
 
 
 def _check_fits(scenario: Any, deployment: Any) -> Any:
-    from minillm import parallel
-    from minillm.capstone import evaluate
-    from minillm.deployment import GPU_MEMORY_UTILIZATION
+    from minillm.calc import parallel
+    from minillm.plan.capstone import evaluate
+    from minillm.plan.deployment import GPU_MEMORY_UTILIZATION
     from minillm.quant.schemes import get_scheme
 
     assert deployment.gpus <= scenario.gpus, (
@@ -212,8 +212,8 @@ def _check_fits(scenario: Any, deployment: Any) -> Any:
 
 def _failure_hint(scenario: Any, deployment: Any, run: Any) -> str:
     """Why a deployment misses the SLO, from the metric that fails most and the knobs."""
-    from minillm import parallel
-    from minillm.deployment import GPU_MEMORY_UTILIZATION, typical_length
+    from minillm.calc import parallel
+    from minillm.plan.deployment import GPU_MEMORY_UTILIZATION, typical_length
 
     layout, slo = deployment.layout, scenario.slo
     shares = ", ".join(f"{name.upper()} {run.shares[name]:.0%}" for name in slo)
@@ -268,7 +268,7 @@ def _check_reported(answer: dict[str, Any], scenario: Any, run: Any) -> None:
 
 
 def grade_capstone(answer: Any) -> str:
-    from minillm.capstone import reference
+    from minillm.plan.capstone import reference
 
     if callable(answer):  # the function that works the answer out, as the reference is written
         answer = answer()

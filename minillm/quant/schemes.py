@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from minillm.hardware import Hardware, get_hardware
+from minillm.calc.hardware import Hardware, get_hardware
 
 # GPUs in minillm.hardware.HARDWARE with FP8 tensor cores (Ada Lovelace and Hopper).
 FP8_TENSOR_CORE_GPUS = frozenset({"H100-SXM", "H100-PCIe", "H200", "GH200", "L4", "RTX-4090"})

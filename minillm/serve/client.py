@@ -39,9 +39,9 @@ from tqdm.auto import tqdm
 
 from minillm.llm import default_model_path
 from minillm.metrics import RequestMetrics
-from minillm.serving_result import RequestRecord, ServingResult
+from minillm.serve.serving_result import RequestRecord, ServingResult
 from minillm.tokenizer import load_tokenizer
-from minillm.workload import RequestSpec, Workload
+from minillm.workloads.streams import RequestSpec, Workload
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

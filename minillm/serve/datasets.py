@@ -21,7 +21,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from minillm.workload import RequestSpec, Workload, arrival_times, poisson
+from minillm.workloads.streams import RequestSpec, Workload, arrival_times, poisson
 
 SHAKESPEARE_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "shakespeare_prompts.txt"
 DATASETS = ("random", "shakespeare", "sharegpt")

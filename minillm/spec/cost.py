@@ -28,10 +28,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from minillm.hardware import Hardware, get_hardware
-from minillm.models import ModelLike, as_config
-from minillm.roofline import StepCost, decode_step_time, step_time
-from minillm.sizing import kv_bytes_per_token, weight_bytes
+from minillm.calc.hardware import Hardware, get_hardware
+from minillm.calc.models import ModelLike, as_config
+from minillm.calc.roofline import StepCost, decode_step_time, step_time
+from minillm.calc.sizing import kv_bytes_per_token, weight_bytes
 
 
 def check_acceptance_rate(alpha: float) -> None:

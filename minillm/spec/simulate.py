@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minillm.calc.models import ModelLike, as_config
 from minillm.model_config import ModelConfig
-from minillm.models import ModelLike, as_config
 from minillm.scheduler import ScheduledRequest
 from minillm.spec.config import SpeculativeConfig
 from minillm.spec.cost import check_acceptance_rate

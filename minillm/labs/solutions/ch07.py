@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minillm.roofline import decode_step_time
-from minillm.sizing import max_concurrency
+from minillm.calc.roofline import decode_step_time
+from minillm.calc.sizing import max_concurrency
 
 
 def goodput(records: Sequence[Any], slo: Mapping[str, float], duration: float) -> float:

@@ -8,9 +8,9 @@ break it, so it names a cause only once the others are ruled out).
 
 from __future__ import annotations
 
-from minillm.diagnosis import Deployment, share_of_prompt_shared
-from minillm.failure_modes import utilisation
 from minillm.metrics import percentile
+from minillm.plan.diagnosis import Deployment, share_of_prompt_shared
+from minillm.plan.failure_modes import utilisation
 
 
 def diagnose(d: Deployment) -> str:

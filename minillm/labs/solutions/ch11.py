@@ -33,8 +33,8 @@ def _layout(deployment: Any) -> str:
 def _alternative(scenario: Any, chosen: Any) -> Any:
     """A rival layout that fits the brief: the next wider TP, else half the TP with twice the
     stages, else half the TP; as many replicas as the GPUs allow, the same scheduler settings."""
-    from minillm import parallel
-    from minillm.deployment import GPU_MEMORY_UTILIZATION
+    from minillm.calc import parallel
+    from minillm.plan.deployment import GPU_MEMORY_UTILIZATION
 
     tp, pp = chosen.tensor_parallel_size, chosen.pipeline_parallel_size
     usable = scenario.hardware.memory * GPU_MEMORY_UTILIZATION
@@ -50,7 +50,7 @@ def _alternative(scenario: Any, chosen: Any) -> Any:
 
 
 def _evaluated(scenario: Any, deployment: Any) -> str:
-    from minillm.capstone import evaluate
+    from minillm.plan.capstone import evaluate
 
     try:
         run = evaluate(scenario, deployment)
@@ -64,8 +64,8 @@ def capstone(student: str = STUDENT) -> dict[str, Any]:
     """11.2: the student's brief deployed the recipe's way, then argued past the recipe: the
     binding bound and one step past the choice, a rival layout, the headroom in rate and GPUs,
     the sensitivity to a per-step overhead, all modelled on the student's own brief."""
-    from minillm.capstone import evaluate, reference, student_scenario
-    from minillm.deployment import run_deployment
+    from minillm.plan.capstone import evaluate, reference, student_scenario
+    from minillm.plan.deployment import run_deployment
 
     scenario = student_scenario(student)
     plan = reference(scenario)  # the recipe (recommend()) as the start

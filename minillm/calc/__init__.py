@@ -1,0 +1,16 @@
+"""The calculators: what a GPU, a model and a link can do, priced on paper.
+
+    hardware.py     Hardware: datasheet peaks of common GPUs, their host links (HARDWARE) and
+                    GPU-to-GPU links (LINKS: NVLink, PCIe, InfiniBand, Ethernet)
+    models.py       named shapes of public models (llama-3-8b, qwen3-0.6b, ...)
+    sizing.py       KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
+    roofline.py     ridge points, the step cost model, measure_machine()
+    collectives.py  what crossing a link costs: ring all-reduce, sends, pipeline bubbles
+    parallel.py     tensor and pipeline parallelism: weights and KV per GPU, a TP x PP step's cost
+    preemption.py   what a preemption costs on a GPU, recompute vs swap, and the crossover
+    machine.py      describe() / settle_threads(): the hardware a chapter measured on
+
+They sit at the bottom of the house: they import no engine code, so a chapter can price a
+deployment without loading a model. Each is also importable by its short name (minillm.roofline
+is minillm.calc.roofline). A namespace: this file imports none of them.
+"""

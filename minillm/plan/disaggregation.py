@@ -1,0 +1,423 @@
+"""Disaggregated prefill and decode in the simulator: two pools of replicas, the KV cache between.
+
+DistServe (OSDI '24), Splitwise (ISCA '24) and Mooncake (FAST '25) run prompts on prefill GPUs
+and generation on other, decode GPUs, so a long prefill never stalls a decode batch and each
+pool gets the GPU count and scheduler settings its phase wants. The price is the KV cache,
+shipped across a link once per request. Here each replica of either pool is a
+minillm.simulator.Simulator (the engine's Scheduler and BlockManager, timed by the roofline),
+and every replica runs on one virtual clock, as in minillm.fleet:
+
+1. A request arrives and goes to a prefill replica (round robin), which runs its prompt with
+   max_tokens=1, as vLLM's disaggregated proxy asks its prefill instance to.
+2. Its prompt's K/V (prompt_len * kv_bytes_per_token bytes) crosses the link: latency +
+   bytes / bandwidth. Transfers out of one prefill replica go one at a time (one NIC per GPU,
+   as on a DGX), those of different replicas in parallel. The prefill replica frees its blocks
+   when the first token is out (optimistic: a real one holds them until the copy is done).
+3. When it lands, a decode replica (round robin) takes it: its blocks are allocated at once
+   (the K/V occupy that pool from then on; if they do not fit, the request waits for blocks),
+   and it is queued there, the prompt's K/V counted as computed, like an external prefix-cache
+   hit in vLLM's KV connector. Only whole blocks are handed over, as the prefix cache does: the
+   last, partial block's tokens (fewer than block_size, at least one) are recomputed in the
+   decode replica's first step.
+4. Where the client's first token comes from is first_token_from: "decode" (the default, as
+   vLLM's proxy does it: benchmarks/disagg_benchmarks/disagg_prefill_proxy_server.py, main
+   branch at commit 03b32f5): the proxy waits for the prefill instance's response, discards
+   its token and streams every token from the decode instance, so TTFT = prefill (queueing
+   included) + the transfer + the decode replica's queue and first step; the decode replica
+   generates all output_len tokens. "prefill": a router that streams the prefill instance's
+   token at once; TTFT ends on the prefill pool, the transfer lands between the first and
+   second token (ITL, TPOT), and the decode replica generates the other output_len - 1.
+
+Where the model is optimistic: the prefill replica's blocks are free before the copy ends; the
+link carries nothing else. Where it is pessimistic: the copy starts after the whole prefill,
+where DistServe and Mooncake stream it layer by layer during the prefill and hide most of it.
+Routing is round robin in both pools, as simulate_fleet's default is for the colocated
+baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minillm.calc import models, parallel, roofline, sizing
+from minillm.calc.hardware import LINKS, Link
+from minillm.config import EngineConfig
+from minillm.metrics import RequestMetrics, Summary, summarize
+from minillm.model_config import ModelConfig
+from minillm.plan import recipe
+from minillm.request import Request, RequestOutput
+from minillm.sim.fleet import FleetResult, simulate_fleet
+from minillm.sim.kv_handover import DecodeReplica
+from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model
+from minillm.sim.simulated_pool import resolve_config
+from minillm.workloads.streams import Arrivals, RequestSpec, Workload
+
+__all__ = ["Comparison", "DisaggregatedResult", "KVTransfer", "compare_disaggregation",
+           "simulate_disaggregated", "tuned_colocated_kwargs"]
+
+FIRST_TOKEN_FROM = ("decode", "prefill")
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    """One request's prompt K/V crossing the link: bytes, and when it left and landed (s)."""
+
+    index: int
+    prefill_replica: int
+    decode_replica: int | None  # None while the K/V is on the link: routed when it lands
+    num_bytes: float
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class DisaggregatedResult:
+    """A disaggregated run: outputs in workload order (joined metrics), the transfers (None for
+    a request with output_len 1 under first_token_from="prefill", which ends on the prefill
+    side), where the first token came from, each pool's GPUs, replica
+    layout, config and per-replica counters; kv_link as given (one lane of it); times on the
+    virtual clock (s), wall_time on this machine (s)."""
+
+    outputs: list[RequestOutput]
+    transfers: list[KVTransfer | None]
+    prefill_gpus: int
+    decode_gpus: int
+    kv_link: Link
+    prefill_layout: parallel.ParallelConfig
+    decode_layout: parallel.ParallelConfig
+    prefill_config: EngineConfig
+    decode_config: EngineConfig
+    prefill_stats: list[dict[str, int]]
+    decode_stats: list[dict[str, int]]
+    model: ModelConfig
+    hardware: roofline.Hardware
+    wall_time: float
+    first_token_from: str = "decode"
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill_gpus + self.decode_gpus
+
+    @property
+    def kv_bytes_moved(self) -> float:
+        return sum(t.num_bytes for t in self.transfers if t is not None)
+
+    @property
+    def transfer_times(self) -> list[float]:
+        """Seconds each transfer took on the link, waits for the link excluded."""
+        return [t.end - t.start for t in self.transfers if t is not None]
+
+    def summary(self, slo: dict[str, float] | None = None) -> Summary:
+        """minillm.metrics.summarize over every request (goodput under slo)."""
+        return summarize((o.metrics for o in self.outputs), slo)
+
+
+def resolve_link(link: str | Link) -> Link:
+    """A Link, or a name in minillm.hardware.LINKS."""
+    if isinstance(link, Link):
+        return link
+    if isinstance(link, str) and link in LINKS:
+        return LINKS[link]
+    raise ValueError(f"kv_link must be a minillm.hardware.Link or one of {sorted(LINKS)}, "
+                     f"got {link!r}; build Link(name, bandwidth, latency) for another")
+
+
+def _check_gpus(**counts: object) -> None:
+    for name, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be an integer >= 1 (one replica per GPU), got {n!r}")
+
+
+def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware,
+                           workload: Workload | Sequence[RequestSpec], *, prefill_gpus: int,
+                           decode_gpus: int, kv_link: str | Link | None = None,
+                           prefill_kwargs: dict[str, Any] | None = None,
+                           decode_kwargs: dict[str, Any] | None = None, dtype_bytes: int = 2,
+                           kv_dtype_bytes: float | None = None,
+                           gpu_memory_utilization: float = 0.9,
+                           step_time: StepTimer | None = None,
+                           first_token_from: str = "decode",
+                           interference: float = 0.0) -> DisaggregatedResult:
+    """Serve workload on prefill_gpus GPUs of prefill replicas and decode_gpus GPUs of decode
+    replicas of model on hw, the K/V of each prompt shipped over kv_link (a Link or a LINKS
+    name; default: hw's inter_node_link, the pools being on different nodes).
+
+    prefill_kwargs, decode_kwargs: each pool's EngineConfig keywords (max_num_seqs,
+    max_num_batched_tokens, enable_chunked_prefill, ...) and its replicas' layout,
+    tensor_parallel_size and pipeline_parallel_size (default 1: one GPU per replica; a pool's
+    GPUs must be a multiple of t x p). Under TP or PP each GPU sends its shard of the K/V on
+    its own link, so a transfer moves as many times the link's bandwidth as the smaller of the
+    two replicas has GPUs. The decode pool's prefix cache is off (the K/V it receives are
+    matched directly, see the module docstring). dtype_bytes, kv_dtype_bytes (also the bytes
+    per K/V number on the link), gpu_memory_utilization and step_time are as in
+    minillm.simulator.simulate. first_token_from: "decode" (vLLM's proxy: TTFT includes the
+    transfer) or "prefill" (see the module docstring). interference: as in simulate_fleet;
+    neither pool mixes phases, but a decode replica's first step of a request recomputes the
+    tail of its prompt (up to block_size tokens) beside the running decodes. A closed-loop
+    workload keeps
+    workload.concurrency requests in flight, the next sent when one finishes.
+    """
+    _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
+    if first_token_from not in FIRST_TOKEN_FROM:
+        raise ValueError(f"first_token_from must be one of {FIRST_TOKEN_FROM}, got "
+                         f"{first_token_from!r}: 'decode' streams every token from the decode "
+                         "pool (vLLM's proxy), 'prefill' sends the first one from the prefill "
+                         "pool")
+    mc, hardware = models.as_config(model), roofline.get_hardware(hw)
+    link = resolve_link(hardware.inter_node_link if kv_link is None else kv_link)
+    decode_kwargs = dict(decode_kwargs or {})
+    if decode_kwargs.pop("enable_prefix_caching", False):
+        raise ValueError("the decode pool runs without prefix caching (the K/V it receives are "
+                         "matched directly); drop enable_prefix_caching from decode_kwargs")
+    common = (mc, hardware, dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time,
+              interference)
+    prefill, prefill_layout = _pool("prefill", prefill_gpus, Simulator,
+                                    dict(prefill_kwargs or {}), *common)
+    decode, decode_layout = _pool("decode", decode_gpus, DecodeReplica, decode_kwargs, *common)
+    for i, spec in enumerate(workload):
+        prefill[0].check_fits(i, dataclasses.replace(spec, output_len=1))
+        decode[0].check_fits(i, spec)
+    lanes = min(prefill_layout.world_size, decode_layout.world_size)
+    wire = Link(f"{lanes} x {link.name}", link.bandwidth * lanes, link.latency)
+    per_token = sizing.kv_bytes_per_token(mc, kv_dtype_bytes or dtype_bytes)
+    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
+    gc.disable()  # as in simulate: many small objects and no cycles
+    try:
+        pools = TwoPools(prefill, decode, wire, per_token, first_token_from == "decode")
+        outputs = pools.run(workload)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return DisaggregatedResult(outputs, pools.transfers, prefill_gpus, decode_gpus, link,
+                               prefill_layout, decode_layout, prefill[0].config,
+                               decode[0].config,
+                               [s.stats() for s in prefill], [s.stats() for s in decode], mc,
+                               hardware, wall_time=time.perf_counter() - start,
+                               first_token_from=first_token_from)
+
+
+def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
+          model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
+          kv_dtype_bytes: float | None, gpu_memory_utilization: float, step_time: StepTimer | None,
+          interference: float) -> tuple[list[Any], parallel.ParallelConfig]:
+    """gpus // (t x p) replicas of one pool and their TP x PP layout, taken out of kwargs."""
+    layout = parallel.ParallelConfig(kwargs.pop("tensor_parallel_size", 1),
+                                     kwargs.pop("pipeline_parallel_size", 1)).check(model)
+    if gpus % layout.world_size:
+        raise ValueError(f"{name}_gpus={gpus} is not a multiple of the {name} replicas' "
+                         f"{layout.world_size} GPUs (tensor_parallel_size x "
+                         f"pipeline_parallel_size); change one or the other")
+    step_time = cost_model(step_time, layout)
+    if interference != 0:
+        step_time = roofline.serial_phases(step_time, interference)
+    config = resolve_config(model, hw, dtype_bytes, gpu_memory_utilization, kwargs,
+                            kv_dtype_bytes, None, layout)
+    return [kind(model, hw, config, dtype_bytes, record_block_tables=False,
+                 step_time=step_time, kv_dtype_bytes=kv_dtype_bytes, layout=layout)
+            for _ in range(gpus // layout.world_size)], layout
+
+
+class TwoPools:
+    """Prefill and decode replicas stepped in order of virtual time; arrivals and landings are
+    events applied when the clock meets them (before a step that starts at the same instant)."""
+
+    def __init__(self, prefill: list[Simulator], decode: list[DecodeReplica], link: Link,
+                 kv_bytes_per_token: float, stream_from_decode: bool = True):
+        self.prefill, self.decode, self.link = prefill, decode, link
+        self.kv_bytes_per_token = kv_bytes_per_token
+        # vLLM's proxy: the decode side makes every token the client sees, the first included
+        self.stream_from_decode = stream_from_decode
+        self.link_free = [0.0] * len(prefill)  # when each prefill replica's link is next idle
+        self.transfers: list[KVTransfer | None] = []
+
+    def run(self, workload: Sequence[RequestSpec]) -> list[RequestOutput]:
+        """Serve every request; the joined outputs come back in workload order."""
+        n = len(workload)
+        arrivals = Arrivals(workload)
+        seq = itertools.count()  # keeps landings of one instant in the order they were made
+        landings: list[tuple[float, int, int, list[int]]] = []  # (time, order, index, tokens)
+        replicas = [*self.prefill, *self.decode]
+        self.transfers = [None] * n
+        halves: list[Request | None] = [None] * n
+        done: list[RequestOutput | None] = [None] * n
+        num_sent, num_landed = itertools.count(), itertools.count()
+        while arrivals or landings or any(s.scheduler.has_unfinished_requests() for s in replicas):
+            busy = [s for s in replicas if s.scheduler.has_unfinished_requests()]
+            sim = min(busy, key=lambda s: s.clock) if busy else None
+            next_arrival = arrivals.next_time() if arrivals else math.inf
+            next_landing = landings[0][0] if landings else math.inf
+            soonest = min(next_arrival, next_landing)  # an arrival first, at a tie
+            if soonest < math.inf and (sim is None or soonest <= sim.clock):
+                if next_arrival <= next_landing:  # an arrival: its prompt, to a prefill replica
+                    now, i = arrivals.pop()
+                    p = self.prefill[next(num_sent) % len(self.prefill)]
+                    if not p.scheduler.has_unfinished_requests():
+                        p.clock = max(p.clock, now)
+                    halves[i] = p.add_request(i, dataclasses.replace(workload[i], output_len=1),
+                                              now)
+                else:  # a landing: to a decode replica
+                    now, _, i, tokens = heapq.heappop(landings)
+                    d = next(num_landed) % len(self.decode)
+                    rest = workload[i].output_len - (0 if self.stream_from_decode else 1)
+                    self.decode[d].land(i, tokens, rest, now)
+                    transfer = self.transfers[i]
+                    assert transfer is not None
+                    self.transfers[i] = dataclasses.replace(transfer, decode_replica=d)
+                continue
+            assert sim is not None
+            ended = []
+            for req in sim.step():
+                i = int(req.request_id)
+                if isinstance(sim, DecodeReplica):
+                    first_half = halves[i]
+                    assert first_half is not None
+                    done[i] = joined(first_half, req, self.stream_from_decode)
+                    ended.append(i)
+                elif workload[i].output_len == 1 and not self.stream_from_decode:
+                    done[i] = RequestOutput.of(req)
+                    ended.append(i)
+                else:
+                    landing = self.send(i, self.prefill.index(sim), req)
+                    # from the decode side the prompt alone lands: its sampled token is discarded
+                    known = req.prompt_token_ids if self.stream_from_decode else req.token_ids
+                    heapq.heappush(landings, (landing, next(seq), i, list(known)))
+            for _ in ended:
+                arrivals.finished(sim.clock)
+        for sim in replicas:
+            bm = sim.block_manager
+            if bm.num_free_blocks != bm.num_blocks:
+                raise RuntimeError(f"a KV block was lost on a replica: {sim.stats()}")
+        assert all(o is not None for o in done), "a request was lost"
+        return done  # type: ignore[return-value]
+
+    def send(self, index: int, replica: int, req: Request) -> float:
+        """Put req's prompt K/V on prefill replica's link once its first token is out and the
+        link is free; returns when it lands."""
+        assert req.metrics.first_token_time is not None
+        num_bytes = req.num_prompt_tokens * self.kv_bytes_per_token
+        start = max(req.metrics.first_token_time, self.link_free[replica])
+        end = self.link_free[replica] = (start + self.link.latency
+                                         + num_bytes / self.link.bandwidth)
+        self.transfers[index] = KVTransfer(index, replica, None, num_bytes, start, end)
+        return end
+
+
+def joined(prefill_half: Request, decode_half: Request,
+           stream_from_decode: bool = False) -> RequestOutput:
+    """One request's output from its two halves: arrival (and first scheduling) from the
+    prefill side; the first token from the prefill side, or with stream_from_decode from the
+    decode side like every later token; the finish from the decode side."""
+    first, rest = prefill_half.metrics, decode_half.metrics
+    if stream_from_decode:
+        first_token, times = rest.first_token_time, rest.token_times
+        tokens = decode_half.output_token_ids
+    else:
+        first_token, times = first.first_token_time, first.token_times + rest.token_times
+        tokens = prefill_half.output_token_ids + decode_half.output_token_ids
+    metrics = RequestMetrics(arrival_time=first.arrival_time,
+                             first_scheduled_time=first.first_scheduled_time,
+                             first_token_time=first_token, finished_time=rest.finished_time,
+                             token_times=times)
+    return RequestOutput(prefill_half.request_id, prefill_half.prompt,
+                         prefill_half.prompt_token_ids, "", tokens,
+                         decode_half.finish_reason, None, metrics, decode_half.is_finished)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Disaggregated and colocated serving of one workload on the same number of GPUs;
+    colocated_kwargs: the EngineConfig keywords the colocated replicas ran with (the tuned
+    max_num_seqs and max_num_batched_tokens among them, unless tune_colocated was off)."""
+
+    disaggregated: DisaggregatedResult
+    colocated: FleetResult
+    slo: dict[str, float]
+    colocated_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def goodput(self) -> tuple[float, float]:
+        """(disaggregated, colocated) requests/s that met the SLO."""
+        return (self.disaggregated.summary(self.slo).goodput or 0.0,
+                self.colocated.summary(self.slo).goodput or 0.0)
+
+    def table(self) -> str:
+        """TTFT and TPOT p50/p99 (ms) and goodput (req/s) of both, one row each."""
+        lines = [f"{'':<22} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
+                 f"{'goodput':>8}"]
+        d = self.disaggregated
+        rows = [(f"disagg {d.prefill_gpus}P+{d.decode_gpus}D", d.summary(self.slo)),
+                (f"colocated x{len(self.colocated.replicas)}",
+                 self.colocated.summary(self.slo))]
+        for name, s in rows:
+            lines.append(f"{name:<22} {s.ttft.p50 * 1e3:>9.1f} {s.ttft.p99 * 1e3:>9.1f} "
+                         f"{s.tpot.p50 * 1e3:>9.2f} {s.tpot.p99 * 1e3:>9.2f} "
+                         f"{s.goodput or 0.0:>8.2f}")
+        return "\n".join(lines)
+
+
+def compare_disaggregation(model: str | ModelConfig, hw: str | roofline.Hardware,
+                           workload: Workload | Sequence[RequestSpec], slo: dict[str, float], *,
+                           prefill_gpus: int, decode_gpus: int,
+                           kv_link: str | Link | None = None,
+                           prefill_kwargs: dict[str, Any] | None = None,
+                           decode_kwargs: dict[str, Any] | None = None,
+                           colocated_kwargs: dict[str, Any] | None = None,
+                           tune_colocated: bool = True,
+                           first_token_from: str = "decode", **common: Any) -> Comparison:
+    """simulate_disaggregated against simulate_fleet on prefill_gpus + decode_gpus colocated
+    replicas (round robin, chunked prefill; prefix caching off in both unless asked for; a
+    tensor_parallel_size in colocated_kwargs makes fewer, wider replicas on the same GPUs).
+    tune_colocated: the colocated replicas run the chunk and max_num_seqs the config recipe
+    chooses for them (tuned_colocated_kwargs), as a fair baseline must; colocated_kwargs go on
+    top, so a max_num_batched_tokens given there wins; False leaves EngineConfig's defaults
+    (a 2,048-token chunk). first_token_from as in simulate_disaggregated; common:
+    dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time, interference (the
+    colocated chunk is then tuned under it too), for both."""
+    _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
+    disaggregated = simulate_disaggregated(
+        model, hw, workload, prefill_gpus=prefill_gpus, decode_gpus=decode_gpus,
+        kv_link=kv_link, prefill_kwargs=prefill_kwargs, decode_kwargs=decode_kwargs,
+        first_token_from=first_token_from, **common)
+    gpus, tp = prefill_gpus + decode_gpus, (colocated_kwargs or {}).get("tensor_parallel_size", 1)
+    if not isinstance(tp, int) or tp < 1 or gpus % tp:
+        raise ValueError(f"the colocated replicas' tensor_parallel_size={tp!r} must divide the "
+                         f"{gpus} GPUs (prefill_gpus + decode_gpus)")
+    settings: dict[str, Any] = {"enable_prefix_caching": False}
+    if tune_colocated:
+        settings |= tuned_colocated_kwargs(model, hw, workload, slo, tp,
+                                           common.get("interference", 0.0))
+    settings |= colocated_kwargs or {}
+    colocated = simulate_fleet(model, hw, workload, num_replicas=gpus // tp, **settings,
+                               **common)
+    return Comparison(disaggregated, colocated, dict(slo), settings)
+
+
+def tuned_colocated_kwargs(model: str | ModelConfig, hw: str | roofline.Hardware,
+                           workload: Sequence[RequestSpec], slo: dict[str, float],
+                           tensor_parallel_size: int = 1, interference: float = 0.0
+                           ) -> dict[str, int]:
+    """max_num_seqs and max_num_batched_tokens of one colocated replica of tensor_parallel_size
+    GPUs by the config recipe's steps 2 and 3 (minillm.recipe: the KV formula, then the
+    largest chunk whose mixed step keeps the TPOT SLO): the baseline Sarathi-Serve says
+    chunked prefill must be given. With interference != 0 and a TPOT SLO, that mixed step is
+    priced as the run will price it (roofline.serial_phases), so a chunk is never chosen by
+    a cost the run does not pay."""
+    config, device = models.as_config(model), roofline.get_hardware(hw)
+    layout = parallel.ParallelConfig(tensor_parallel_size).check(config)
+    typical = recipe.typical_length(workload)
+    seqs = recipe.choose_max_num_seqs(config, device, layout, typical, [])
+    budget = recipe.choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
+                                          [], interference=interference)
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": budget}

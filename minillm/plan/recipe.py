@@ -1,0 +1,332 @@
+"""recommend(): the guide's starting-config recipe for a deployment, as code.
+
+Given a model, a GPU type, a workload, latency SLOs and a number of GPUs, the recipe:
+
+1. tensor parallelism only as far as needed: the smallest power of two (inside one node) at
+   which the weights and the K/V of a few full-length sequences fit each GPU; if even a
+   node's widest TP does not, pipeline stages across nodes (the guide: TP inside, PP across);
+2. max_num_seqs from the KV formula: the sequences of typical length (p90 prompt + output)
+   that the per-GPU pool holds, capped;
+3. max_num_batched_tokens, the chunk size of chunked prefill: the largest budget whose mixed
+   step (one full chunk plus a full batch of decodes) stays under the TPOT SLO, so a long
+   prompt never stalls the decodes sharing its steps;
+4. a small goodput search in the simulator around that start: max_num_seqs raised in steps
+   of a quarter of the KV formula's value until the SLO breaks, then backed off one step (or
+   lowered by the same steps until it holds); the budget halved and doubled around that; then
+   each wider TP inside a node with its own steps 2-3; keeping the best goodput that meets the
+   SLO.
+
+quantization (vLLM's --quantization: None, "int8", "int4", "fp8"; minillm.quant.schemes) prices
+every step with the scheme's weight bytes (K/V stay bf16): smaller weights leave more of each
+GPU to the KV cache, so step 1 may need less TP and step 2 fits more sequences. Autoscaling, the
+recipe's last step, is minillm.autoscale.slo_replicas: the replicas the SLO-attainment rule
+settles on for a demand, from a rate sweep of the chosen engine.
+
+The GPUs left over become replicas (data parallelism: gpus // (TP x PP) engines). Model
+(stated so it can be argued with): a router spreads requests evenly, so one replica serving
+every replicas-th request stands for all of them and the fleet's goodput is replicas times its
+own; every step is priced by the roofline (minillm.parallel), which is optimistic: real engines
+reach a fraction of peak, so calibrate the overheads (minillm.calibration) before trusting the
+absolute numbers. "Meets the SLO" means at least attainment_target of the requests (0.9, as
+DistServe counts) meet every bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from minillm.calc import parallel
+from minillm.calc.hardware import Hardware, get_hardware
+from minillm.calc.models import ModelLike, as_config
+from minillm.metrics import Summary, percentile
+from minillm.plan.deployment import (
+    Deployment,
+    DeploymentRun,
+    attainment,
+    replica_share,
+    run_deployment,
+    typical_length,
+)
+from minillm.plan.recipe_steps import (
+    MAX_BATCHED_TOKENS,
+    MAX_NUM_SEQS_CAP,
+    MIN_BATCHED_TOKENS,
+    MIN_FULL_SEQUENCES,
+    choose_batched_tokens,
+    choose_layout,
+    choose_max_num_seqs,
+    layout_name,
+    tp_options,
+)
+from minillm.quant.schemes import get_scheme
+from minillm.sim.simulator import SimulationResult
+from minillm.workloads.streams import RequestSpec
+
+# The steps' names are re-exported: the chapters and labs know them as minillm.recipe's.
+__all__ = ["MAX_BATCHED_TOKENS", "MAX_NUM_SEQS_CAP", "MIN_BATCHED_TOKENS", "MIN_FULL_SEQUENCES",
+           "Recommendation", "attainment", "choose_batched_tokens", "choose_layout",
+           "choose_max_num_seqs", "climb_max_num_seqs", "recommend", "replica_share"]
+
+GOODPUT_TOLERANCE = 0.05  # a search step must beat the current best by this share to replace it:
+# a steady-state window of a few hundred simulated requests measures goodput to a few per cent
+# (Poisson sampling), and a tie keeps the recipe's own, smaller TP
+SEQS_STEPS = 4  # max_num_seqs moves in steps of 1/SEQS_STEPS of the KV formula's value ...
+SEQS_RAISES = 4  # ... at most this many steps up (to twice the formula's value)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A deployment: tensor_parallel_size x pipeline_parallel_size GPUs per engine, replicas
+    engines (data parallelism), their scheduler settings. summary: one replica's modelled run
+    (seconds, requests/s); goodput: the fleet's requests/s that meet the SLO; attainment: the
+    share of requests that met it; dollars_per_million_tokens: output tokens, None when the
+    hardware has no price; reasoning: one line per step of the recipe, with its numbers."""
+
+    model: str
+    hardware: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    replicas: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    summary: Summary
+    goodput: float
+    attainment: float
+    dollars_per_million_tokens: float | None
+    reasoning: list[str] = field(default_factory=list)
+    enable_chunked_prefill: bool = True
+    quantization: str | None = None
+
+    @property
+    def gpus_used(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.replicas
+
+    @property
+    def deployment(self) -> Deployment:
+        return Deployment(self.tensor_parallel_size, self.pipeline_parallel_size, self.replicas,
+                          self.max_num_seqs, self.max_num_batched_tokens,
+                          self.enable_chunked_prefill, self.quantization)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The settings as simulate()'s (and vLLM's) keyword arguments, for one replica."""
+        return self.deployment.engine_kwargs()
+
+    def explain(self) -> str:
+        """The reasoning, one numbered line per step."""
+        return "\n".join(f"{i}. {line}" for i, line in enumerate(self.reasoning, 1))
+
+
+def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSpec],
+              slo: dict[str, float], gpus: int, *, attainment_target: float = 0.9,
+              sim_requests: int = 300, overheads: dict[str, float] | None = None,
+              quantization: str | None = None) -> Recommendation:
+    """The recipe's deployment of model on gpus GPUs of hw for workload under slo (seconds,
+    as metrics.meets_slo: {"ttft": 1.0, "tpot": 0.05}); simulations use at most sim_requests
+    requests of one replica's share. overheads: simulate()'s overhead, overhead_per_token,
+    overhead_per_seq, overhead_per_pair (CalibrationReport.overheads() fits them), used by
+    step 3 and the search alike; None prices steps at the roofline's peaks. quantization:
+    vLLM's name of the weights' scheme (minillm.quant.schemes.SCHEMES; None is bf16). ValueError
+    naming the binding constraint when no configuration can: the weights (step 1) or the SLO
+    metric furthest from met (step 4); and for a scheme the GPU cannot run (fp8 without FP8
+    tensor cores)."""
+    config, device = as_config(model), get_hardware(hw)
+    _check_inputs(workload, slo, gpus, attainment_target, sim_requests)
+    overheads = _check_overheads(overheads)
+    scheme = get_scheme(quantization)
+    scheme.check(device)
+    totals = [s.prompt_len + s.output_len for s in workload]
+    longest, typical = max(totals), typical_length(workload)
+    reasoning: list[str] = []
+    if scheme.name != "bf16":
+        reasoning.append(
+            f"Quantization {scheme.name!r}: {scheme.weight_bytes:g} bytes a weight against "
+            f"bf16's 2, K/V kept in bf16"
+            + (f", weight matmuls at {scheme.matmul_speedup:g}x the bf16 peak"
+               if scheme.matmul_speedup != 1 else "")
+            + (" (modelled: minillm's engine runs int8 only)." if not scheme.implemented
+               else "."))
+    layout = choose_layout(config, device, gpus, longest, reasoning, quantization=scheme.name)
+    seqs = choose_max_num_seqs(config, device, layout, typical, reasoning,
+                               quantization=scheme.name)
+    budget = choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
+                                   reasoning, overheads, quantization=scheme.name)
+    best, tried = _search(config, device, workload, slo, gpus, (layout, seqs, budget),
+                          attainment_target, sim_requests, overheads, quantization)
+    if best.attainment < attainment_target:
+        raise ValueError(_refusal(tried, slo, attainment_target))
+    return _report(model, device, gpus, best, tried, reasoning)
+
+
+def _report(model: ModelLike, device: Hardware, gpus: int, best: DeploymentRun,
+            tried: list[DeploymentRun], reasoning: list[str]) -> Recommendation:
+    """The Recommendation of the search's best, with its last lines of reasoning: the search
+    and, on a priced GPU, the cost (at the output tokens/s the fleet sustains in steady
+    state)."""
+    chosen, start, summary = best.deployment, tried[0], best.summary
+    replicas, used = chosen.replicas, chosen.gpus
+    idle = f" ({gpus - used} of the {gpus} GPUs left idle)" if used < gpus else ""
+    climbed = sorted({t.deployment.max_num_seqs for t in tried
+                      if t.deployment.layout == start.deployment.layout
+                      and t.deployment.max_num_batched_tokens
+                      == start.deployment.max_num_batched_tokens})
+    reasoning.append(
+        f"Search: {len(tried)} simulated configs ({len(best.result.outputs)} requests of one "
+        f"replica's share each); max_num_seqs tried {climbed} (raised by a quarter of the KV "
+        f"formula's value until the SLO breaks, then one step back; a raise stops once the "
+        f"batch never fills the cap); the recipe's start had goodput {start.goodput:.2f} req/s "
+        f"with {start.attainment:.0%} meeting the SLO; best: {layout_name(chosen.layout)}, "
+        f"max_num_seqs {chosen.max_num_seqs}, max_num_batched_tokens "
+        f"{chosen.max_num_batched_tokens}: goodput "
+        f"{best.goodput:.2f} req/s in steady state over {replicas} replica(s){idle}, "
+        f"{best.attainment:.0%} of requests meet the SLO (TTFT p99 "
+        f"{summary.ttft.p99 * 1e3:.0f} ms, TPOT p99 {summary.tpot.p99 * 1e3:.1f} ms).")
+    dollars = best.dollars_per_million_tokens
+    if dollars is not None:
+        reasoning.append(f"Cost: {used} GPUs at ${device.dollars_per_hour:.2f}/h for "
+                         f"{best.output_throughput:.0f} output tokens/s in steady state: "
+                         f"${dollars:.3f} per 1M tokens.")
+    return Recommendation(model if isinstance(model, str) else "custom model", device.name,
+                          chosen.tensor_parallel_size, chosen.pipeline_parallel_size, replicas,
+                          chosen.max_num_seqs, chosen.max_num_batched_tokens, summary,
+                          best.goodput, best.attainment, dollars, reasoning,
+                          quantization=chosen.quantization)
+
+
+def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: int,
+                  attainment_target: float, sim_requests: int) -> None:
+    if not workload or not all(isinstance(s, RequestSpec) for s in workload):
+        raise ValueError("workload must be a non-empty sequence of RequestSpec "
+                         "(minillm.workload.poisson(...) makes one)")
+    if not isinstance(slo, dict) or not slo:
+        raise ValueError(f"slo must be a non-empty dict of bounds in seconds, e.g. "
+                         f"{{'ttft': 1.0, 'tpot': 0.05}}, got {slo!r}")
+    for name, bound in slo.items():
+        if name not in ("ttft", "tpot", "itl", "e2e", "e2el"):
+            raise ValueError(f"unknown SLO metric {name!r}; use ttft, tpot, itl or e2e")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+            raise ValueError(f"slo[{name!r}] must be a positive number of seconds, got {bound!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive int, got {gpus!r}")
+    if not 0 < attainment_target <= 1:
+        raise ValueError(f"attainment_target must be in (0, 1], got {attainment_target!r}")
+    if not isinstance(sim_requests, int) or sim_requests < 1:
+        raise ValueError(f"sim_requests must be a positive int, got {sim_requests!r}")
+
+
+def _check_overheads(overheads: dict[str, float] | None) -> dict[str, float]:
+    allowed = ("overhead", "overhead_per_token", "overhead_per_seq", "overhead_per_pair")
+    for name, value in (overheads or {}).items():
+        if name not in allowed:
+            raise ValueError(f"unknown overhead {name!r}; use {', '.join(allowed)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"overheads[{name!r}] must be a number of seconds >= 0, "
+                             f"got {value!r}")
+    return dict(overheads or {})
+
+
+def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
+            slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
+            target: float, sim_requests: int, overheads: dict[str, float],
+            quantization: str | None = None) -> tuple[DeploymentRun, list[DeploymentRun]]:
+    """Step 4: from start (layout, max_num_seqs, budget), max_num_seqs by climb_max_num_seqs,
+    then the budget halved and doubled around it, then each wider TP with its own steps 2-3;
+    one knob at a time. The best meets the SLO with the most goodput."""
+    tried: dict[Deployment, DeploymentRun] = {}
+
+    def run(layout: parallel.ParallelConfig, seqs: int, budget: int) -> DeploymentRun:
+        chosen = Deployment(layout.tensor_parallel_size, layout.pipeline_parallel_size,
+                            gpus // layout.world_size, seqs, budget, quantization=quantization)
+        if chosen not in tried:
+            tried[chosen] = run_deployment(config, device, workload, slo, chosen,
+                                           sim_requests=sim_requests, overheads=overheads)
+        return tried[chosen]
+
+    def rank(t: DeploymentRun) -> tuple[bool, float, float]:
+        return t.attainment >= target, t.goodput, t.attainment
+
+    def keep_better(best: DeploymentRun, candidate: DeploymentRun) -> DeploymentRun:
+        # Within GOODPUT_TOLERANCE it is a tie (a few hundred requests are a noisy sample),
+        # and a tie keeps what came first: the recipe's own choice.
+        met, goodput, share = rank(candidate)
+        if (met, goodput * (1 - GOODPUT_TOLERANCE), share) > rank(best):
+            return candidate
+        return best
+
+    layout, seqs, budget = start
+    best = climb_max_num_seqs(lambda n: run(layout, n, budget), seqs, target)
+    for other in (max(budget // 2, MIN_BATCHED_TOKENS), min(budget * 2, MAX_BATCHED_TOKENS)):
+        best = keep_better(best, run(layout, best.deployment.max_num_seqs, other))
+    typical = typical_length(workload)
+    wider_tps = [] if layout.pipeline_parallel_size > 1 else [
+        t for t in tp_options(config, device, gpus) if t > layout.tensor_parallel_size]
+    for tp in wider_tps:
+        # A wider TP with its own recipe: fewer replicas, each with more KV room and faster steps
+        wider = parallel.ParallelConfig(tp)
+        seqs_wide = choose_max_num_seqs(config, device, wider, typical, [],
+                                        quantization=quantization)
+        budget_wide = choose_batched_tokens(config, device, wider, seqs_wide, typical,
+                                            workload, slo, [], overheads,
+                                            quantization=quantization)
+        best = keep_better(best, run(wider, seqs_wide, budget_wide))
+    return best, list(tried.values())
+
+
+def climb_max_num_seqs(run: Callable[[int], DeploymentRun], start: int, target: float
+                       ) -> DeploymentRun:
+    """The guide's rule for max_num_seqs: raise it until the SLO breaks, then back off one step.
+    The step is a quarter of start (the KV formula's value, SEQS_STEPS), at most SEQS_RAISES
+    raises (twice start, and 2 x MAX_NUM_SEQS_CAP at most); a raise stops early when the
+    batch never reached the current cap (its peak running batch is below it: a higher cap
+    cannot change the run). If start itself misses the SLO, lower it by the same steps until
+    it holds (or 1). run(n) simulates max_num_seqs n; the run returned is the last that met
+    attainment target (start's, if none did)."""
+    step = max(start // SEQS_STEPS, 1)
+    ceiling = min(start + SEQS_RAISES * step, 2 * MAX_NUM_SEQS_CAP)
+    current = run(start)
+    if current.attainment < target:
+        seqs = start
+        while seqs > 1:
+            seqs = max(seqs - step, 1)
+            lower = run(seqs)
+            if lower.attainment >= target:
+                return lower
+        return current
+    while current.deployment.max_num_seqs + step <= ceiling:
+        peak = max((len(r.scheduled) for r in current.result.trace), default=0)
+        if peak < current.deployment.max_num_seqs:
+            break  # the cap never bound: raising it cannot change the run
+        raised = run(current.deployment.max_num_seqs + step)
+        if raised.attainment < target:
+            break  # the SLO broke: back off one step, to current
+        current = raised
+    return current
+
+
+def _per_request(result: SimulationResult, name: str) -> list[float]:
+    """Each finished request's value of one SLO metric, as meets_slo reads it."""
+    values = []
+    for o in result.outputs:
+        m = o.metrics
+        value = (max(m.itl, default=0.0) if name == "itl"
+                 else m.e2e if name == "e2el" else getattr(m, name))
+        if value is not None:
+            values.append(value)
+    return values
+
+
+def _refusal(tried: list[DeploymentRun], slo: dict[str, float], target: float) -> str:
+    """Why no configuration meets the SLO: the metric met by the fewest requests in the
+    closest configuration, with the value that target of the requests reached."""
+    closest = max(tried, key=lambda t: (t.attainment, t.goodput))
+    binding = min(slo, key=lambda name: closest.shares[name])
+    reached = percentile(_per_request(closest.result, binding), 100 * target)
+    near = closest.deployment
+    return (f"no configuration meets the SLO: {binding.upper()} is the binding constraint. "
+            f"The closest of {len(tried)} simulated configs ({layout_name(near.layout)}, "
+            f"max_num_seqs {near.max_num_seqs}, max_num_batched_tokens "
+            f"{near.max_num_batched_tokens}) has p"
+            f"{100 * target:g} {binding.upper()} {reached * 1e3:.2f} ms against the bound of "
+            f"{slo[binding] * 1e3:.2f} ms ({closest.shares[binding]:.0%} of requests meet it, "
+            f"{target:.0%} must); loosen {binding!r}, lower the request rate, or use faster GPUs")

@@ -1,0 +1,236 @@
+"""The simulated engine: the engine's own Scheduler and BlockManager on a virtual clock, no model.
+
+Each step does what Engine.step does around the model (schedule, advance num_computed_tokens,
+register full blocks in the prefix cache, "sample" a token for every request whose known tokens
+are all computed, stop at max_tokens, record metrics and a StepRecord), but instead of running
+a forward pass it moves the clock on by roofline.step_time of the step's batch, as Vidur
+(MLSys '24) does with profiled kernels. The scheduling decisions are therefore exactly the
+engine's, and an H100-scale deployment of Llama-3-8B runs on a laptop CPU in seconds.
+
+Sampled tokens are fake but deterministic: a function of the request's tokens so far, like a
+model, so the prefix cache and recompute after preemption behave as in the engine.
+Under speculative decoding a seeded draw stands in for the model that accepts or rejects each
+decode's proposals (minillm.spec.simulate), and the step pays for verifying them and drafting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from minillm.calc import parallel, roofline
+from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
+from minillm.kv_cache import BlockManager
+from minillm.model_config import ModelConfig
+from minillm.request import Request
+from minillm.sampling import SamplingParams
+from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.sim.simulated_pool import block_bytes
+from minillm.spec.cost import with_verified_rows
+from minillm.spec.simulate import SimulatedSpeculation, is_speculative
+from minillm.swap import SwapSpace, num_swap_blocks
+from minillm.trace import StepRecord, step_record
+from minillm.workloads.streams import Arrivals, RequestSpec, Workload
+
+# A step's cost model: (model, hw, entries, dtype_bytes, overhead, per token, per request,
+# per attention pair) -> roofline.StepCost, as roofline.step_time; called with the keyword
+# kv_dtype_bytes too, but only when the KV cache's dtype differs from the weights'.
+StepTimer = Callable[..., roofline.StepCost]
+
+
+def cost_model(step_time: StepTimer | None, layout: parallel.ParallelConfig) -> StepTimer:
+    """What a simulation prices its steps with: step_time as given, or (None) the roofline's
+    on the layout's GPUs (parallel_step_time, all-reduces included, on several)."""
+    if step_time is not None:
+        return step_time
+    return parallel.step_timer(layout) if layout.world_size > 1 else roofline.step_time
+
+
+class Simulator:
+    """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
+
+    def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
+                 dtype_bytes: int = 2, overheads: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
+                 record_block_tables: bool = True, step_time: StepTimer = roofline.step_time,
+                 *, kv_dtype_bytes: float | None = None,
+                 speculation: SimulatedSpeculation | None = None,
+                 layout: parallel.ParallelConfig | None = None):
+        assert config.num_kv_blocks is not None and config.max_model_len is not None
+        if (config.speculative_config is None) != (speculation is None):
+            raise ValueError("speculative decoding needs both config.speculative_config and "
+                             "speculation=SimulatedSpeculation(acceptance_rate, draft), or "
+                             "neither (simulate builds it from acceptance_rate=)")
+        self.model, self.hw, self.config = model, hw, config
+        self.dtype_bytes = dtype_bytes
+        # Passed to step_time only when it differs, so cost models without the keyword still run.
+        self.step_kwargs = ({} if kv_dtype_bytes in (None, dtype_bytes)
+                            else {"kv_dtype_bytes": kv_dtype_bytes})
+        # seconds per step, per new token, per request in the step, per attention pair
+        (self.overhead, self.overhead_per_token, self.overhead_per_seq,
+         self.overhead_per_pair) = (*overheads, 0.0, 0.0, 0.0, 0.0)[:4]
+        self.record_block_tables = record_block_tables
+        self.step_time = step_time
+        self.speculation = speculation
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
+                                          config.enable_prefix_caching, config.prefix_caching)
+        # Bytes of a block on one GPU: each swaps its own shard over its own host link.
+        self.block_bytes = (block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
+                                         speculation.draft if speculation else None)
+                            if layout is None or layout.world_size == 1 else
+                            parallel.kv_block_bytes_per_gpu(
+                                model, layout, config.block_size,
+                                dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes))
+        swap_space = (SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
+                      if config.preemption_mode == "swap" else None)
+        self.scheduler = Scheduler(config, self.block_manager, swap_space)
+        self.clock = 0.0  # seconds since the start of the run
+        self.trace: list[StepRecord] = []
+
+    def run(self, workload: Workload | Sequence[RequestSpec]) -> list[Request]:
+        """Serve every request to completion; the Requests come back in workload order."""
+        for index, spec in enumerate(workload):
+            self.check_fits(index, spec)
+        requests = self._serve(Arrivals(workload))
+        bm = self.block_manager
+        if not all(r.is_finished for r in requests) or bm.num_free_blocks != bm.num_blocks:
+            raise RuntimeError(f"a request or a KV block was lost: {self.stats()}")
+        return requests
+
+    def _serve(self, arrivals: Arrivals) -> list[Request]:
+        """Requests join the queue at the first step boundary at or after they are sent; an idle
+        engine's clock jumps to the next one."""
+        workload, sched = arrivals.workload, self.scheduler
+        requests: list[Request | None] = [None] * len(workload)
+        while arrivals or sched.has_unfinished_requests():
+            while arrivals and arrivals.next_time() <= self.clock:
+                sent, i = arrivals.pop()
+                requests[i] = self.add_request(i, workload[i], sent)
+            if not sched.has_unfinished_requests():
+                self.clock = max(self.clock, arrivals.next_time())
+                continue
+            for _ in self.step():
+                arrivals.finished(self.clock)
+        return requests  # type: ignore[return-value]
+
+    def check_fits(self, index: int, spec: RequestSpec) -> None:
+        """What Engine._check_fits rejects, rejected up front, naming the request."""
+        c, n, out = self.config, spec.prompt_len, spec.output_len
+        assert c.max_model_len is not None and c.num_kv_blocks is not None
+        where = f"request {index} of the workload"
+        if n + out > c.max_model_len:
+            raise ValueError(f"{where}: prompt_len={n} plus output_len={out} exceeds "
+                             f"max_model_len={c.max_model_len}; raise max_model_len")
+        if not c.enable_chunked_prefill and n > c.max_num_batched_tokens:
+            raise ValueError(f"{where}: prompt_len={n} exceeds max_num_batched_tokens="
+                             f"{c.max_num_batched_tokens} and chunked prefill is off")
+        needed = self.block_manager.num_blocks_for(n + out)
+        if needed > c.num_kv_blocks:
+            raise ValueError(f"{where} needs {needed} KV blocks but the pool has "
+                             f"num_kv_blocks={c.num_kv_blocks}; enlarge the pool")
+
+    def add_request(self, index: int, spec: RequestSpec, arrival_time: float) -> Request:
+        """Queue the spec as request str(index), which is the id LLM.generate would give it."""
+        params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
+        # Only the prefix cache reads token values; without it, skip drawing them (placeholders).
+        prompt = (spec.token_ids(self.model.vocab_size) if self.config.enable_prefix_caching
+                  else [1] * spec.prompt_len)
+        req = Request(str(index), prompt, params, arrival_time, priority=spec.priority)
+        self.scheduler.add_request(req)
+        return req
+
+    def step(self) -> list[Request]:
+        """One engine step on the virtual clock; returns the requests that finished in it."""
+        self.block_manager.step = len(self.trace)  # the prefix cache's LRU clock
+        start, out = self.clock, self.scheduler.schedule()
+        scheduled = out.scheduled
+        # Swapped blocks cross the host link before the step's kernels may run (minillm.swap).
+        swap_time = (len(out.swap_out) + len(out.swap_in)) * self.block_bytes / self.hw.host_link
+        if not scheduled:  # a step that only preempted, as Engine.step allows
+            if self.scheduler.has_unfinished_requests() and not out.preempted:
+                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+            self.clock += swap_time
+            return []
+        tables = ({s.request.request_id: list(s.request.block_table) for s in scheduled}
+                  if self.record_block_tables else {})
+        batch = [(s.num_tokens, s.num_computed_tokens + s.num_tokens) for s in scheduled]
+        end = self.clock = start + swap_time + self._price(self.model, batch, scheduled)
+        bm = self.block_manager
+        for s in scheduled:
+            req = s.request
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = start
+            if not is_speculative(s):  # a speculative decode advances by what is accepted
+                req.num_computed_tokens += s.num_tokens
+                bm.cache_full_blocks(req)
+        finished = []
+        for s in scheduled:  # all known tokens computed: the last one's "logits" give the next
+            if is_speculative(s):
+                if self._verify(s, out, end):
+                    finished.append(s.request)
+            elif s.request.num_computed_tokens == len(s.request.token_ids) and \
+                    self._append_token(s.request, end):
+                finished.append(s.request)
+        self._record(out, start, end, tables, finished)
+        return finished
+
+    def _price(self, model: ModelConfig, batch: list[tuple[int, int]],
+                scheduled: Sequence[ScheduledRequest] = ()) -> float:
+        """Seconds of one forward of model over batch by the cost model; given the step's
+        scheduled requests, the target's forward also computes logits at every proposed token,
+        and a draft model's forwards come before it (minillm.spec.simulate)."""
+        cost = self.step_time(model, self.hw, batch, self.dtype_bytes, self.overhead,
+                              self.overhead_per_token, self.overhead_per_seq,
+                              self.overhead_per_pair, **self.step_kwargs)
+        if self.speculation is None or not scheduled:
+            return cost.time
+        proposed = sum(s.num_tokens - 1 for s in scheduled if is_speculative(s))
+        return (with_verified_rows(cost, model, self.hw, proposed).time
+                + self.speculation.draft_time(scheduled, self._price))
+
+    def _verify(self, s: ScheduledRequest, out: SchedulerOutput, now: float) -> bool:
+        """A speculative decode's outcome: j of its num_tokens - 1 proposals accepted, so its
+        last token and those j are computed and 1 + j tokens appended (the accepted ones and
+        the target's own); the blocks reserved past them go back. True if req finished."""
+        assert self.speculation is not None  # Simulator.__init__ checks it
+        req, accepted = s.request, self.speculation.accept(s.num_tokens - 1)
+        out.num_draft_tokens += s.num_tokens - 1
+        out.num_accepted_tokens += accepted
+        req.num_computed_tokens += 1 + accepted
+        for _ in range(1 + accepted):  # the scheduler proposes no more than max_tokens allows
+            self._add_token(req, now)
+        self.block_manager.cache_full_blocks(req)
+        self.block_manager.trim(req, req.num_tokens)
+        return self._finish_if_done(req, now)
+
+    def _record(self, out: SchedulerOutput, start: float, end: float,
+                tables: dict[str, list[int]], finished: list[Request]) -> None:
+        """The step's StepRecord, as Engine._record writes it (block data only if recorded)."""
+        self.trace.append(step_record(
+            len(self.trace), out, start, end, tables, [r.request_id for r in finished],
+            self.scheduler, self.record_block_tables,
+            self.record_block_tables and self.block_manager.num_blocks <= TRACE_BLOCKS_MAX_POOL))
+
+    def _append_token(self, req: Request, now: float) -> bool:
+        """Append a fake token produced at now; True if req is done (finished and freed)."""
+        self._add_token(req, now)
+        return self._finish_if_done(req, now)
+
+    def _add_token(self, req: Request, now: float) -> None:
+        tokens = req.token_ids
+        tokens.append((tokens[-1] * 31 + len(tokens)) % self.model.vocab_size)
+        m = req.metrics
+        m.token_times.append(now)
+        if m.first_token_time is None:
+            m.first_token_time = now
+
+    def _finish_if_done(self, req: Request, now: float) -> bool:
+        """At max_tokens, finish req and free its blocks; True if it finished."""
+        if len(req.token_ids) - len(req.prompt_token_ids) < req.params.max_tokens:
+            return False
+        req.finish_reason, req.metrics.finished_time = "length", now
+        self.scheduler.finish(req)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        """The same counters as LLM.stats(); spec_decode_* too under speculative decoding."""
+        stats = self.scheduler.stats(self.block_bytes)
+        return stats if self.speculation is None else stats | self.speculation.stats()

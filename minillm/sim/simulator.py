@@ -1,0 +1,162 @@
+"""simulate(): a workload through the simulated engine (minillm.simulated_engine), priced on a
+GPU by the roofline, with the same outputs, trace and stats an LLM run gives; goodput curves.
+
+Under pipeline parallelism p virtual engines keep p batches in flight (minillm.virtual_engines);
+otherwise one Simulator steps the workload. Simulator and StepTimer are importable from here too.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minillm.calc import models, parallel, roofline
+from minillm.config import EngineConfig
+from minillm.metrics import Summary, summarize
+from minillm.model_config import ModelConfig
+from minillm.request import RequestOutput
+from minillm.scheduler import AdmissionPolicy
+from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model
+from minillm.sim.simulated_pool import resolve_config
+from minillm.sim.virtual_engines import run_pipelined
+from minillm.spec.simulate import split_speculation
+from minillm.trace import StepRecord
+from minillm.workloads.streams import RequestSpec, Workload
+
+
+@dataclass
+class SimulationResult:
+    """What simulate returns: the same outputs, trace and stats an LLM run gives.
+
+    outputs: one RequestOutput per request, in workload order (metrics on the virtual clock, in
+    seconds from the start of the run; token_ids fake). prompt_token_ids are the workload's
+    (RequestSpec.token_ids) with prefix caching on; with it off no decision reads token values,
+    so they are placeholders of the right length, which spares drawing millions.
+    stats: LLM.stats()'s counters. wall_time: seconds the simulation took on this machine.
+    """
+
+    outputs: list[RequestOutput]
+    trace: list[StepRecord]
+    stats: dict[str, int]
+    config: EngineConfig
+    model: ModelConfig
+    hardware: roofline.Hardware
+    wall_time: float
+    draft_model: ModelConfig | None = None  # the draft priced under speculative decoding
+    layout: parallel.ParallelConfig = parallel.ParallelConfig()  # the TP x PP GPUs it ran on
+
+    def summary(self, slo: dict[str, float] | None = None) -> Summary:
+        """minillm.metrics.summarize over every request; slo as in meets_slo (seconds)."""
+        return summarize((o.metrics for o in self.outputs), slo)
+
+
+def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
+             workload: Workload | Sequence[RequestSpec], *,
+             dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
+             overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
+             gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
+             step_time: StepTimer | None = None, kv_dtype_bytes: float | None = None,
+             acceptance_rate: float | None = None, draft_model: str | ModelConfig | None = None,
+             tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+             admission_policy: AdmissionPolicy | None = None,
+             **engine_kwargs: Any) -> SimulationResult:
+    """Serve workload with the real scheduler on hw, timing each step with the roofline model.
+
+    model: a name (minillm.models) or a ModelConfig; hw: a name or a roofline.Hardware.
+    workload: open loop (arrival times honoured; a plain list of RequestSpec is one) or closed
+    loop (workload.concurrency requests in flight, the next sent as one finishes).
+    dtype_bytes: bytes per weight (and per KV element unless kv_dtype_bytes is given);
+    kv_dtype_bytes: bytes per K or V number (1 for an fp8 or int8 cache): it sizes the pool's
+    blocks, so the same memory holds more of them, the bytes a swap moves and the KV reads of
+    each step. overhead: seconds added to every step (launch
+    and framework time); overhead_per_token: seconds per new token of a step; overhead_per_seq:
+    seconds per request in a step; overhead_per_pair: seconds per attention (query, key) pair
+    (all as in roofline.step_time; minillm.calibration fits them on this machine, and
+    CalibrationReport.overheads() gives them as these keywords).
+    engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
+    pool is what gpu_memory_utilization of hw.memory leaves after the weights.
+    step_time: the cost model that prices each step, called as roofline.step_time is (swap in
+    your own to see what it does to TTFT and TPOT); None: the roofline's (on several GPUs,
+    parallel_step_time's).
+    record_block_tables=False leaves StepRecord.block_tables and cached_blocks empty, which saves
+    time and memory on runs of thousands of requests. With prefix caching, StepRecord.prefix_cache
+    is recorded too, for pools up to TRACE_BLOCKS_MAX_POOL blocks (the engine's default rule): a
+    snapshot of a GPU-sized cache every step would cost more than the simulation.
+    Speculative decoding: speculative_config={"method": "ngram", "num_speculative_tokens": k}
+    (an engine kwarg) with acceptance_rate, the chance that each proposed token is accepted
+    (drawn i.i.d., seeded by seed=); method "draft_model" prices draft_model's forwards too
+    (a name or ModelConfig; default: the config of speculative_config's "model" folder). See
+    minillm.spec.simulate; stats() then adds the spec_decode_* counters.
+    tensor_parallel_size, pipeline_parallel_size: serve on t x p GPUs of hw (vLLM's names;
+    minillm.parallel): the pool is what each GPU's memory holds of its shard of the weights
+    and K/V, and each step is priced by parallel_step_time (all-reduces on hw's links). Under
+    PP, p virtual engines (each with 1/p of the pool) keep p batches in flight through the
+    stages, as vLLM does (minillm.virtual_engines); the trace holds every engine's steps in
+    order of start, and the stats are their sums. With a step_time of your own, used as given,
+    the engine runs one step at a time. Not with speculative decoding.
+    admission_policy: Scheduler.admission_policy, a rule of one's own asked before each waiting
+    request is admitted (minillm.scheduler); not under pipeline parallelism.
+    """
+    mc = models.as_config(model)
+    hardware = roofline.get_hardware(hw)
+    layout = parallel.ParallelConfig(tensor_parallel_size, pipeline_parallel_size).check(mc)
+    engine_kwargs, speculation = split_speculation(engine_kwargs, acceptance_rate, draft_model,
+                                                   engine_kwargs.get("seed", 0))
+    if layout.world_size > 1 and speculation is not None:
+        raise ValueError("speculative decoding is not modelled on several GPUs; use "
+                         "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
+    pipelined = layout.pipeline_parallel_size > 1 and step_time is None
+    if pipelined and admission_policy is not None:
+        raise ValueError("admission_policy is not plumbed into pipeline-parallel virtual "
+                         "engines; use pipeline_parallel_size=1 with it")
+    step_time = cost_model(step_time, layout)
+    draft = speculation.draft if speculation else None
+    config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
+                            kv_dtype_bytes, draft, layout)
+
+    def make_engine(engine_config: EngineConfig, timer: StepTimer) -> Simulator:
+        return Simulator(mc, hardware, engine_config, dtype_bytes,
+                         (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
+                         record_block_tables, timer, kv_dtype_bytes=kv_dtype_bytes,
+                         speculation=speculation, layout=layout)
+
+    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
+    gc.disable()  # millions of small objects and no cycles: collections would only rescan them
+    try:
+        if pipelined:  # p batches in flight, one per virtual engine
+            requests, trace, stats = run_pipelined(mc, hardware, config, layout, workload,
+                                                      make_engine)
+        else:
+            sim = make_engine(config, step_time)
+            sim.scheduler.admission_policy = admission_policy
+            requests = sim.run(workload)
+            trace, stats = sim.trace, sim.stats()
+        outputs = [RequestOutput.of(r) for r in requests]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return SimulationResult(outputs, trace, stats, config, mc, hardware,
+                            wall_time=time.perf_counter() - start,
+                            draft_model=draft, layout=layout)
+
+
+def goodput_curve(model: str | ModelConfig, hw: str | roofline.Hardware, rates: Sequence[float],
+                  slo: dict[str, float], make_workload: Callable[[float], Workload],
+                  **kwargs: Any
+                  ) -> list[tuple[float, Summary]]:
+    """(rate, summary under slo) for each rate in requests/s; make_workload(rate) -> Workload.
+
+    kwargs go to simulate. Goodput (requests/s that meet the SLO) rises with the offered rate
+    until queueing breaks the TTFT bound, then collapses: the knee is the rate where it peaks.
+    """
+    kwargs.setdefault("record_block_tables", False)
+    return [(rate, simulate(model, hw, make_workload(rate), **kwargs).summary(slo))
+            for rate in rates]
+
+
+def knee(curve: Sequence[tuple[float, Summary]]) -> float:
+    """The rate of a goodput_curve with the highest goodput (requests/s)."""
+    return max(curve, key=lambda point: point[1].goodput or 0.0)[0]
