@@ -55,6 +55,7 @@ import sys
 
 from minillm.calc import models, parallel, roofline
 from minillm.calc.parallel import ParallelConfig
+from minillm.calc.roofline import StepOverheads
 from minillm.calc.sizing import cost_per_million_tokens, kv_cache_bytes, max_concurrency
 from minillm.config import EngineConfig
 from minillm.llm import LLM, default_draft_path, default_model_path
@@ -78,6 +79,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "ScheduledEntry",
+    "StepOverheads",
     "StepRecord",
     "cost_per_million_tokens",
     "default_draft_path",

@@ -4,14 +4,15 @@ Every layer's K and V live in one tensor of shape (L, 2, N, P, K, D): N blocks o
 A sequence owns a block table (its list of physical block ids); token t of the sequence sits in
 slot block_table[t // P] * P + t % P. Blocks are reference counted so that sequences with the
 same prefix can share them. With prefix caching, full computed blocks stay reusable after their
-last owner frees them, until the pool needs the space. Two designs find them:
+last owner frees them, until the pool needs the space. Two designs find them, each a
+minillm.prefix_cache.base.PrefixCache that the block manager holds and never branches on:
 
-- "hash" (vLLM's automatic prefix caching, kept here): a full block is registered under a hash of
-  its tokens chained with the hash of the block before it; the least recently freed block is
-  reused first, cached or not.
-- "radix" (SGLang's RadixAttention, minillm.radix_cache): a tree of block runs keyed by tokens;
-  plain free blocks are used first, then the least recently used leaf nobody holds gives up
-  its last block.
+- "hash" (vLLM's automatic prefix caching, minillm.prefix_cache.hash_chain): a full block is
+  registered under a hash of its tokens chained with the hash of the block before it; the least
+  recently freed block is reused first, cached or not.
+- "radix" (SGLang's RadixAttention, minillm.prefix_cache.radix_blocks): a tree of block runs
+  keyed by tokens; plain free blocks are used first, then the least recently used leaf nobody
+  holds gives up its last block.
 - "radix-token": the same tree matched token by token (SGLang's default page size of 1). A
   match that ends inside a cached block reuses that block's first tokens too: the block is
   copied into a fresh block of the new request (copy on write: BlockManager.copies, which the
@@ -26,8 +27,6 @@ registered this step are never copied.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,9 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from minillm.config import PrefixCaching
-from minillm.prefix_cache.radix import RadixCache
+from minillm.prefix_cache.base import PrefixCache, PrefixMatch
+from minillm.prefix_cache.hash_chain import HashChainCache, chain_hash
+from minillm.prefix_cache.radix_blocks import RadixPrefixCache
 from minillm.request import Request
 from minillm.trace import CacheNode, PrefixCacheSnapshot
+
+__all__ = ["Block", "BlockManager", "PrefixMatch", "allocate_kv_cache", "chain_hash",
+           "kv_cache_block_bytes"]
 
 
 @dataclass
@@ -48,28 +52,6 @@ class Block:
     token_ids: tuple[int, ...] = ()
     parent_hash: bytes = b""  # the chain hash of the block before it (hash design)
     last_used: int = 0  # the engine step that last registered, matched or freed it
-
-
-@dataclass(frozen=True)
-class PrefixMatch:
-    """Cached blocks that cover the start of a prompt, and how many full blocks were looked up.
-
-    Token-granular radix only: partial_block shares the next num_partial_tokens tokens, which
-    are reused by copying it (BlockManager.allocate)."""
-
-    block_ids: list[int]
-    num_queried: int
-    partial_block: int | None = None
-    num_partial_tokens: int = 0
-
-    def num_tokens(self, block_size: int) -> int:
-        """Prompt tokens whose K/V the match reuses."""
-        return len(self.block_ids) * block_size + self.num_partial_tokens
-
-
-def chain_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
-    """A block's tokens hashed with its parent's hash (SHA-256: no practical collisions)."""
-    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
 
 
 def allocate_kv_cache(
@@ -92,9 +74,11 @@ class BlockManager:
     """Hands out KV blocks to requests, counts references and keeps the prefix cache.
 
     prefix_caching picks the cache's design when enable_prefix_caching is on: "hash", "radix"
-    or "radix-token" (see the module docstring). step is the engine's step number, which the
-    engine sets before each step: the radix tree's LRU order and the trace's last_used read it,
-    and setting it starts the step's copies and its set of blocks not yet computed afresh.
+    or "radix-token" (see the module docstring). The pool is the same for all three; the design
+    lives in self.prefix_cache (minillm.prefix_cache.base.PrefixCache), chosen here once and
+    never asked about again. step is the engine's step number, which the engine sets before
+    each step: the radix tree's LRU order and the trace's last_used read it, and setting it
+    starts the step's copies and its set of blocks not yet computed afresh.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
@@ -102,16 +86,17 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_caching = prefix_caching
-        self.radix = (RadixCache(block_size, token_granular=prefix_caching == "radix-token")
-                      if enable_prefix_caching and prefix_caching != "hash" else None)
         self.blocks = [Block(i) for i in range(num_blocks)]
+        self.prefix_cache: PrefixCache = (
+            PrefixCache(block_size) if not enable_prefix_caching
+            else HashChainCache(self.blocks, block_size) if prefix_caching == "hash"
+            else RadixPrefixCache(self.blocks, block_size, prefix_caching == "radix-token"))
         # Blocks nobody holds, least recently freed first; cached ones among them stay findable.
         # (Radix: plain free blocks sit in front of the cached ones, so they go first.)
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # The free blocks that still hold a registered prefix, in the same order, kept as blocks
         # come and go so that counting them never scans the pool (a GPU pool has ~10^5 blocks).
         self.cached_free: dict[int, None] = {}
-        self.cached: dict[bytes, int] = {}  # chain hash -> block id
         self._step = 0
         # This step's copies (source block, fresh block) of partly matched blocks, which the
         # engine makes before the forward, and the blocks registered this step whose K/V the
@@ -124,11 +109,12 @@ class BlockManager:
         self.prefix_cache_hit_tokens = 0  # of those, tokens whose K/V were reused
         self.prefix_cache_evictions = 0  # cached blocks thrown away to make room
         self.evicted: list[int] = []  # their ids since the engine last took them (take_evicted)
-        # The last snapshot's nodes, reused until a match, insert, free or eviction changes them
-        # (a decode step usually changes none): a traced step then costs O(running requests).
+        # The last snapshot's nodes, reused until a match, free or eviction here, or a change
+        # the cache counts in its version, alters them (a decode step usually changes none): a
+        # traced step then costs O(running requests).
         self._nodes: tuple[CacheNode, ...] | None = None
+        self._nodes_version = -1
         self._node_ids: set[int] = set()
-        self._node_memo: dict[int, CacheNode] = {}  # hash design: block id -> its last node
 
     @property
     def step(self) -> int:
@@ -166,12 +152,7 @@ class BlockManager:
 
     def is_cached(self, block_id: int) -> bool:
         """Whether the block holds K/V that the prefix cache may hand out again."""
-        if self.radix is not None:
-            return self.radix.is_cached(block_id)
-        # A block computed alongside an identical one keeps its hash (the blocks after it chain
-        # on it) but only the copy registered first is in the map: only that one can be found.
-        block_hash = self.blocks[block_id].hash
-        return block_hash is not None and self.cached.get(block_hash) == block_id
+        return self.prefix_cache.is_cached(block_id)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -181,26 +162,7 @@ class BlockManager:
 
         At least one token is left out, since the step must compute it to sample from its logits.
         """
-        if not self.enable_prefix_caching:
-            return PrefixMatch([], 0)
-        P = self.block_size
-        num_full = (len(token_ids) - 1) // P
-        if self.radix is not None and self.radix.token_granular:
-            hits, partial, num_partial = self.radix.match_tokens(token_ids, len(token_ids) - 1,
-                                                                 self._uncomputed)
-            return PrefixMatch(hits, num_full, partial, num_partial)
-        if self.radix is not None:
-            return PrefixMatch(self.radix.match(token_ids, num_full), num_full)
-        parent, hits = b"", []
-        for i in range(num_full):
-            tokens = tuple(token_ids[i * P:(i + 1) * P])
-            parent = chain_hash(parent, tokens)
-            block_id = self.cached.get(parent)
-            # The token check guards the block's own contents against any hash collision.
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
-            hits.append(block_id)
-        return PrefixMatch(hits, num_full)
+        return self.prefix_cache.match(token_ids, self._uncomputed)
 
     def can_allocate(self, req: Request, num_tokens: int, prefix: Sequence[int] = ()) -> bool:
         """Whether req's block table can grow to hold num_tokens, reusing the prefix blocks."""
@@ -219,13 +181,10 @@ class BlockManager:
         if match is not None:
             self._count_lookup(req, match)
         for block_id in prefix:
-            self.blocks[block_id].ref_count += 1
-            self.blocks[block_id].last_used = self.step
-            self.free_blocks.pop(block_id, None)
-            self.cached_free.pop(block_id, None)
+            self._hold(block_id)
             req.block_table.append(block_id)
-        if self.radix is not None and prefix:  # held before fresh blocks are taken, which evict
-            self.radix.acquire(req.request_id, prefix, self.step)
+        if prefix:  # held before fresh blocks are taken, which evict
+            self.prefix_cache.acquire(req.request_id, prefix, self.step)
         first_fresh = len(req.block_table)
         for _ in range(self.num_blocks_for(num_tokens) - len(req.block_table)):
             req.block_table.append(self._take_free_block())
@@ -235,6 +194,13 @@ class BlockManager:
             # taking the fresh blocks above just evicted it.
             self.copies.append((match.partial_block, req.block_table[first_fresh]))
         return True
+
+    def _hold(self, block_id: int) -> None:
+        """One more reference to a cached block, which leaves the free list if it sat there."""
+        self.blocks[block_id].ref_count += 1
+        self.blocks[block_id].last_used = self.step
+        self.free_blocks.pop(block_id, None)
+        self.cached_free.pop(block_id, None)
 
     def _count_lookup(self, req: Request, match: PrefixMatch) -> None:
         self._nodes = None
@@ -247,10 +213,8 @@ class BlockManager:
     def free(self, req: Request) -> None:
         """Release req's blocks. The last blocks go to the free list first, so a shared prefix
         outlives the tails that are less likely to be asked for again."""
-        if self.radix is not None:
-            if self.radix.token_granular:
-                self._keep_partial_block(req)
-            self.radix.release(req.request_id, self.step)
+        self.prefix_cache.release(req, self.step)
+        self._free_dropped()
         self._nodes = None
         for block_id in reversed(req.block_table):
             block = self.blocks[block_id]
@@ -260,30 +224,13 @@ class BlockManager:
                 self._add_free(block_id)
         req.block_table = []
 
-    def _keep_partial_block(self, req: Request) -> None:
-        """Token-granular radix: leave req's partly computed last block in the tree."""
-        assert self.radix is not None
-        P, n = self.block_size, req.num_computed_tokens
-        held = self.radix.holders.get(req.request_id)
-        index = n // P
-        if n % P == 0 or index >= len(req.block_table) or (held.end if held else 0) != index:
-            return  # nothing partial computed, or the path held stops short of it
-        block_id = req.block_table[index]
-        if self.blocks[block_id].ref_count == 1 and not self.radix.is_cached(block_id) and \
-                self.radix.insert_partial(req.request_id, req.token_ids, block_id, n % P,
-                                          self.step):
-            self._nodes = None
-        self._take_dropped()
-
-    def _take_dropped(self) -> None:
-        """Blocks the tree let go of (covered partial leaves): plain free blocks again."""
-        assert self.radix is not None
-        for block_id in self.radix.dropped:
+    def _free_dropped(self) -> None:
+        """Blocks the cache let go of without an eviction are plain free blocks again."""
+        for block_id in self.prefix_cache.take_dropped():
             self._nodes = None
             if block_id in self.cached_free:  # unheld: a partial leaf's block always is
                 del self.cached_free[block_id]
                 self.free_blocks.move_to_end(block_id, last=False)
-        self.radix.dropped = []
 
     def trim(self, req: Request, num_tokens: int) -> None:
         """Give back the blocks of req's table past its first num_tokens tokens: lookahead that
@@ -300,9 +247,9 @@ class BlockManager:
 
     def _add_free(self, block_id: int) -> None:
         self.free_blocks[block_id] = None
-        if self.is_cached(block_id):  # hash: only full, computed blocks carry a hash
+        if self.is_cached(block_id):
             self.cached_free[block_id] = None
-        elif self.radix is not None:  # plain blocks go first, so a cached one waits
+        elif self.prefix_cache.plain_blocks_first:  # so a cached one waits
             self.free_blocks.move_to_end(block_id, last=False)
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
@@ -313,71 +260,40 @@ class BlockManager:
         does, so that a request admitted later in the same step already finds those blocks: the
         step's K/V are written into the pool before attention reads it, in every layer. It is
         capped at the request's known tokens: proposed tokens that may be rejected are never
-        registered.
+        registered. Where the cache already held the same tokens in another block, req's table
+        takes the cache's block and its own copy goes back to the pool (radix).
         """
         if not self.enable_prefix_caching:
             return
         num_tokens = min(req.num_computed_tokens if num_tokens is None else num_tokens,
                          req.num_tokens)
-        if self.radix is not None:
-            return self._insert_radix(req, num_tokens)
-        P, table = self.block_size, req.block_table
-        num_full = min(num_tokens // P, len(table))
-        first = num_full
-        while first > 0 and self.blocks[table[first - 1]].hash is None:
-            first -= 1  # full blocks get hashed in order, so the unhashed ones are a suffix
-        parent = self.blocks[table[first - 1]].hash if first > 0 else b""
-        for i in range(first, num_full):
-            self._nodes = None
-            block = self.blocks[table[i]]
-            block.token_ids = tuple(req.token_ids[i * P:(i + 1) * P])
-            block.parent_hash, block.last_used = parent, self.step
-            block.hash = parent = chain_hash(parent, block.token_ids)
-            # Two requests may compute the same block at once; the first one registered stays.
-            self.cached.setdefault(block.hash, block.block_id)
-
-    def _insert_radix(self, req: Request, num_tokens: int) -> None:
-        """Insert req's blocks full after num_tokens in the tree; where the tree already held
-        the same tokens, req's table takes the tree's block and its own copy goes back to the
-        pool. Blocks the step has yet to compute are only added where the tree lacks them: a
-        swap then would point two requests' writes at one block in one forward."""
-        assert self.radix is not None
         table = req.block_table
+        swaps = self.prefix_cache.register(req, num_tokens, self.step)
         num_full = min(num_tokens // self.block_size, len(table))
-        num_cached = len(self.radix.block_node)
         num_computed = req.num_computed_tokens // self.block_size
-        swaps = self.radix.insert(req.request_id, req.token_ids, table, num_full, self.step,
-                                  num_computed=num_computed)
-        if swaps or len(self.radix.block_node) != num_cached:
-            self._nodes = None
-        self._uncomputed.update(b for b in table[num_computed:num_full]
-                                if self.radix.is_cached(b))
-        if self.radix.dropped:
-            self._take_dropped()
-        for index, tree_block in swaps:
+        self._uncomputed.update(b for b in table[num_computed:num_full] if self.is_cached(b))
+        self._free_dropped()
+        for index, cached_block in swaps:
             copy = self.blocks[table[index]]
-            self.blocks[tree_block].ref_count += 1
-            self.free_blocks.pop(tree_block, None)
-            self.cached_free.pop(tree_block, None)
-            table[index] = tree_block
+            self._hold(cached_block)
+            table[index] = cached_block
             copy.ref_count -= 1
-            assert copy.ref_count == 0, "a block outside the tree is never shared"
+            assert copy.ref_count == 0, "a block outside the cache is never shared"
             self._add_free(copy.block_id)
 
     def _take_free_block(self) -> int:
-        if self.radix is not None and next(iter(self.free_blocks)) in self.cached_free:
-            evicted = self.radix.evict()  # no plain free block is left: trim the LRU leaf
-            del self.cached_free[evicted]
-            self.free_blocks.move_to_end(evicted, last=False)
-            self._count_eviction([evicted])
         block_id, _ = self.free_blocks.popitem(last=False)
+        if block_id in self.cached_free:  # its contents go: the cache picks which block gives up
+            victim = self.prefix_cache.evict(block_id)
+            if victim != block_id:  # the head keeps its place; the victim leaves the list
+                self.free_blocks[block_id] = None
+                self.free_blocks.move_to_end(block_id, last=False)
+                del self.free_blocks[victim]
+            del self.cached_free[victim]
+            self._count_eviction([victim])
+            block_id = victim
         block = self.blocks[block_id]
-        if block.hash is not None:  # evict: the block is about to hold other tokens
-            self.cached_free.pop(block_id, None)  # absent for an unregistered duplicate
-            if self.cached.get(block.hash) == block_id:
-                del self.cached[block.hash]
-                self._count_eviction([block_id])
-            block.hash, block.token_ids = None, ()
+        block.hash, block.token_ids = None, ()  # it is about to hold other tokens
         block.ref_count = 1
         return block_id
 
@@ -398,39 +314,9 @@ class BlockManager:
         """The prefix cache as minillm.trace.PrefixCacheSnapshot, with the requests holding it.
 
         O(cached blocks + running requests' blocks): only for traced steps."""
-        if self._nodes is None:
-            self._nodes = (self.radix.cache_nodes() if self.radix is not None
-                           else self._hash_chain_nodes())
+        cache = self.prefix_cache
+        if self._nodes is None or self._nodes_version != cache.version:
+            self._nodes, self._nodes_version = cache.cache_nodes(), cache.version
             self._node_ids = {n.node_id for n in self._nodes}
-        nodes, ids = self._nodes, self._node_ids
-        if (radix := self.radix) is not None:
-            holders = {r.request_id: tuple(n.node_id for n in radix.held_path(r.request_id))
-                       for r in running}
-            return PrefixCacheSnapshot("radix", nodes, holders, tuple(evicted))
-        holders = {r.request_id: tuple(b for b in r.block_table if b in ids) for r in running}
-        return PrefixCacheSnapshot("hash", nodes, holders, tuple(evicted))
-
-    def _hash_chain_nodes(self) -> tuple[CacheNode, ...]:
-        """One node per registered block reachable from the start of a prompt, parents first.
-
-        A block whose chain lost an earlier block to eviction can no longer be matched, so it
-        is left out, though its block still counts as cached free until it is reused."""
-        children: dict[bytes, list[int]] = {}
-        for block_id in self.cached.values():
-            children.setdefault(self.blocks[block_id].parent_hash, []).append(block_id)
-        nodes, stack, memo = [], [(b"", None)], self._node_memo
-        while stack:
-            parent_hash, parent_id = stack.pop()
-            for block_id in children.get(parent_hash, []):
-                block, node = self.blocks[block_id], memo.get(block_id)
-                # Most nodes are as they were: reuse them (building a frozen one costs ~3 us).
-                if node is None or (node.parent, node.ref_count, node.last_used) != (
-                        parent_id, block.ref_count, block.last_used):
-                    node = memo[block_id] = CacheNode(block_id, parent_id, (block_id,),
-                                                      self.block_size, block.ref_count,
-                                                      block.last_used)
-                nodes.append(node)
-                stack.append((block.hash, block_id))
-        if len(memo) > 2 * len(nodes) + 64:  # forget evicted blocks' nodes now and then
-            self._node_memo = {n.node_id: n for n in nodes}
-        return tuple(nodes)
+        return PrefixCacheSnapshot(cache.design, self._nodes,
+                                   cache.holders(running, self._node_ids), tuple(evicted))

@@ -33,9 +33,9 @@ class CacheNode:
 class PrefixCacheSnapshot:
     """The prefix cache after one step (StepRecord.prefix_cache), for the widgets to replay.
 
-    design: "hash" or "radix". nodes: every cached node, parents before children. holders: each
-    running request's id -> the node_ids its prompt matched or inserted. evicted: block ids whose
-    cached contents this step threw away to make room.
+    design: "hash", "radix" or "none" (prefix caching off). nodes: every cached node, parents
+    before children. holders: each running request's id -> the node_ids its prompt matched or
+    inserted. evicted: block ids whose cached contents this step threw away to make room.
     """
 
     design: str

@@ -8,6 +8,8 @@ from minillm.attention.torch_ref import TorchAttention
 from minillm.batch import build_batch
 from minillm.kv_cache import BlockManager, PrefixMatch
 from minillm.model import LlamaForCausalLM
+from minillm.prefix_cache.radix import RadixCache
+from minillm.prefix_cache.radix_blocks import RadixPrefixCache
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ScheduledRequest
@@ -20,6 +22,12 @@ def admit(bm: BlockManager, req: Request) -> PrefixMatch:
     req.num_computed_tokens = req.num_tokens
     bm.cache_full_blocks(req)
     return match
+
+
+def radix_tree(bm: BlockManager) -> RadixCache | None:
+    """The block manager's radix tree, or None when its prefix cache is not a radix one."""
+    cache = bm.prefix_cache
+    return cache.tree if isinstance(cache, RadixPrefixCache) else None
 
 
 def paged_logits(model: LlamaForCausalLM, prompts: list[list[int]], block_size: int,

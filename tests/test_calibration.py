@@ -19,7 +19,6 @@ import torch
 from minillm import LLM
 from minillm.calc import roofline
 from minillm.plan.calibration import (
-    OVERHEAD_TERMS,
     CalibrationReport,
     calibrate,
     fit_overheads,
@@ -54,14 +53,35 @@ def test_attention_pairs_and_the_new_overhead_terms_add_to_the_step_time() -> No
     assert step_terms(record(("decode", 1, 99), ("prefill", 16, 0))) == (1, 17, 2, 100 + 136)
 
 
+def test_step_overheads_are_one_value_from_the_fit_to_the_clock() -> None:
+    entries = [(1, 100), (16, 16)]
+    ov = roofline.StepOverheads(1e-3, 1e-6, 1e-4, 1e-8)
+    # seconds() is the coefficients against what each multiplies (terms, which the fit uses)
+    assert ov.seconds(entries) == pytest.approx(
+        sum(c * t for c, t in zip(ov.as_tuple(), roofline.StepOverheads.terms(entries))))
+    assert roofline.StepOverheads.of(ov.as_keywords()) == ov
+    assert roofline.StepOverheads.of(None) == roofline.StepOverheads()
+    with pytest.raises(ValueError, match="unknown overhead 'launch'; use overhead, "):
+        roofline.StepOverheads.of({"launch": 1e-3})
+    for bad in (-1e-3, float("nan"), True, "1ms"):
+        with pytest.raises(ValueError, match=f"overhead_per_seq={bad!r}"):
+            roofline.StepOverheads(overhead_per_seq=bad)  # type: ignore[arg-type]
+    work = workload.poisson(4, 20.0, (16, 40), (2, 5), seed=2)
+    as_value = simulate("llama-3.2-1b", "L4", work, overheads=ov)
+    as_dict = simulate("llama-3.2-1b", "L4", work, overheads=ov.as_keywords())
+    assert [r.end for r in as_value.trace] == [r.end for r in as_dict.trace]
+    assert as_value.trace[-1].end > simulate("llama-3.2-1b", "L4", work).trace[-1].end
+
+
 def test_the_simulator_prices_each_step_with_every_overhead() -> None:
-    overheads = dict(overhead=2e-3, overhead_per_token=1e-5, overhead_per_seq=3e-4,
-                     overhead_per_pair=1e-8)
+    overheads = roofline.StepOverheads(overhead=2e-3, overhead_per_token=1e-5,
+                                       overhead_per_seq=3e-4, overhead_per_pair=1e-8)
     sim = simulate("llama-3.2-1b", "L4", workload.poisson(6, 20.0, (16, 80), (2, 9), seed=1),
-                   max_num_batched_tokens=48, **overheads)
+                   max_num_batched_tokens=48, overheads=overheads)
     for rec in sim.trace:
         entries = [(e.num_tokens, e.num_computed_tokens + e.num_tokens) for e in rec.scheduled]
-        modelled = roofline.step_time("llama-3.2-1b", "L4", entries, **overheads).time
+        modelled = roofline.step_time("llama-3.2-1b", "L4", entries,
+                                      **overheads.as_keywords()).time
         assert rec.duration == pytest.approx(modelled)
 
 
@@ -141,5 +161,6 @@ def test_simulated_requests_agree_with_the_real_engine_within_25_percent() -> No
             break
     report = min(reports, key=CalibrationReport.worst_request_error)
     assert report.schedules_match, "a burst is scheduled the same on both clocks"
-    assert set(report.overheads()) == set(OVERHEAD_TERMS)
+    assert report.overheads().as_tuple() == (report.overhead, report.overhead_per_token,
+                                             report.overhead_per_seq, report.overhead_per_pair)
     assert report.worst_request_error() < 0.25, report.table()

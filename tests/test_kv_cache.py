@@ -9,6 +9,9 @@ against what was really written into it, not against the manager's own bookkeepi
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 from collections import Counter, OrderedDict
 from types import SimpleNamespace
 
@@ -18,7 +21,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from support import admit
 
+from minillm.config import PrefixCaching
 from minillm.kv_cache import BlockManager, PrefixMatch, chain_hash
+from minillm.prefix_cache.base import PrefixCache
+from minillm.prefix_cache.hash_chain import HashChainCache
+from minillm.prefix_cache.radix_blocks import RadixPrefixCache
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 from minillm.sim.router import ReplicaView
@@ -37,9 +44,16 @@ def compute(bm: BlockManager, req: Request, num_tokens: int) -> None:
     bm.cache_full_blocks(req)
 
 
+def hash_table(bm: BlockManager) -> dict[bytes, int]:
+    """The hash chain's table (chain hash -> block id); empty with prefix caching off."""
+    cache = bm.prefix_cache
+    return cache.table if isinstance(cache, HashChainCache) else {}
+
+
 def snapshot(bm: BlockManager, req: Request) -> tuple:
     return (list(bm.free_blocks), [(b.ref_count, b.hash, b.token_ids) for b in bm.blocks],
-            dict(bm.cached), bm.prefix_cache_queries, bm.prefix_cache_hits, list(req.block_table))
+            dict(hash_table(bm)), bm.prefix_cache_queries,
+            bm.prefix_cache_hits, list(req.block_table))
 
 
 # ---- plain allocation -------------------------------------------------------------------------
@@ -96,7 +110,8 @@ def test_prefix_caching_off_never_matches_or_registers() -> None:
     bm = BlockManager(num_blocks=4, block_size=2)
     a = make_request([1, 2, 3, 4, 5])
     admit(bm, a)
-    assert bm.cached == {} and all(b.hash is None for b in bm.blocks)
+    assert bm.prefix_cache.design == "none" and all(b.hash is None for b in bm.blocks)
+    assert not any(bm.is_cached(b.block_id) for b in bm.blocks)
     assert bm.match_prefix([1, 2, 3, 4, 5]) == PrefixMatch([], 0)
 
 
@@ -105,10 +120,10 @@ def test_full_blocks_are_registered_under_chained_hashes() -> None:
     a = make_request([1, 2, 3, 4, 5])
     compute(bm, a, 3)  # one full block so far
     h0 = chain_hash(b"", [1, 2])
-    assert bm.cached == {h0: a.block_table[0]}
+    assert bm.prefix_cache.table == {h0: a.block_table[0]}
     compute(bm, a, 5)
     h1 = chain_hash(h0, [3, 4])
-    assert bm.cached == {h0: a.block_table[0], h1: a.block_table[1]}
+    assert bm.prefix_cache.table == {h0: a.block_table[0], h1: a.block_table[1]}
     assert bm.blocks[a.block_table[1]].token_ids == (3, 4)
     assert bm.blocks[a.block_table[2]].hash is None  # partial: not registered
     # The same tokens after a different parent are a different block.
@@ -119,7 +134,7 @@ def test_match_prefix_leaves_the_last_token_to_compute() -> None:
     bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
     a = make_request([1, 2, 3, 4])
     admit(bm, a)
-    assert len(bm.cached) == 2
+    assert len(bm.prefix_cache.table) == 2
     assert bm.match_prefix([1, 2, 3, 4]) == PrefixMatch([a.block_table[0]], 1)
     assert bm.match_prefix([1, 2, 3, 4, 0]) == PrefixMatch(a.block_table[:2], 2)
     assert bm.match_prefix([1, 2, 0, 4, 0]) == PrefixMatch([a.block_table[0]], 2)
@@ -200,7 +215,8 @@ def test_a_requests_tail_blocks_are_evicted_before_its_head() -> None:
     bm.free(a)
     assert list(bm.free_blocks) == [3, 2, 1, 0]  # the never-used block, then a's tail first
     assert bm.allocate(make_request([7, 7, 7]), 3)  # takes block 3 and a's last block
-    assert tail_hash not in bm.cached and len(bm.cached) == 2  # the reused block is forgotten
+    table = hash_table(bm)
+    assert tail_hash not in table and len(table) == 2  # the reused block is forgotten
     assert bm.match_prefix(a.token_ids) == PrefixMatch(head, 3)
 
 
@@ -221,13 +237,13 @@ def test_two_requests_computing_the_same_prefix_keep_the_first_registered() -> N
         req.num_computed_tokens = 3
         bm.cache_full_blocks(req)
     h = chain_hash(b"", [1, 2])
-    assert bm.cached == {h: a.block_table[0]}
+    assert bm.prefix_cache.table == {h: a.block_table[0]}
     assert bm.blocks[b.block_table[0]].hash == h  # b's copy is hashed but not the cached one
     b_first = b.block_table[0]
     bm.free(b)
     assert bm.allocate(make_request([8, 9, 8, 9]), 4)  # reuses both of b's blocks
     assert bm.blocks[b_first].hash is None
-    assert bm.cached == {h: a.block_table[0]}  # evicting b's copy left a's entry alone
+    assert bm.prefix_cache.table == {h: a.block_table[0]}  # evicting b's copy left a's entry alone
     assert bm.match_prefix([1, 2, 3]).block_ids == [a.block_table[0]]
 
 
@@ -303,7 +319,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert req.block_table[:len(old_table)] == old_table
         assert req.block_table[len(old_table):len(old_table) + len(prefix)] == prefix
         assert len(req.block_table) == max(bm.num_blocks_for(num_tokens), len(old_table))
-        cached_ids = set(bm.cached.values())
+        cached_ids = set(hash_table(bm).values())
         for block_id in req.block_table[len(old_table) + len(prefix):]:
             # A fresh block is wiped of any old registration: no one can find its new contents.
             assert block_id not in cached_ids and bm.blocks[block_id].hash is None
@@ -399,14 +415,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         # Cached means findable: the map names this very block under its hash (a duplicate
         # computed alongside the registered copy keeps its hash for the chain, not the map).
         scan = [b for b in bm.free_blocks if bm.blocks[b].hash is not None
-                and bm.cached.get(bm.blocks[b].hash) == b]
+                and hash_table(bm).get(bm.blocks[b].hash) == b]
         assert bm.cached_free_blocks() == scan and bm.num_cached_free_blocks == len(scan)
 
     @invariant()
     def the_prefix_cache_points_at_what_was_computed(self) -> None:
         bm = self.bm
-        assert len(set(bm.cached.values())) == len(bm.cached)
-        for h, block_id in bm.cached.items():
+        assert len(set(hash_table(bm).values())) == len(hash_table(bm))
+        for h, block_id in hash_table(bm).items():
             block = bm.blocks[block_id]
             assert block.hash == h and len(block.token_ids) == self.P
             # The last slot's prefix names every token up to the end of this block.
@@ -432,3 +448,31 @@ class BlockManagerMachine(RuleBasedStateMachine):
 BlockManagerMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None)
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+# ---- one pool, any prefix cache -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("enabled, design, kind", [
+    (False, "hash", PrefixCache), (True, "hash", HashChainCache),
+    (True, "radix", RadixPrefixCache), (True, "radix-token", RadixPrefixCache)])
+def test_the_block_manager_picks_its_prefix_cache_once(
+        enabled: bool, design: PrefixCaching, kind: type) -> None:
+    bm = BlockManager(4, 2, enable_prefix_caching=enabled, prefix_caching=design)
+    assert type(bm.prefix_cache) is kind
+    assert getattr(bm.prefix_cache, "blocks", bm.blocks) is bm.blocks  # the pool's own records
+
+
+def test_no_block_manager_method_but_init_names_a_prefix_cache_design() -> None:
+    # Design-specific choices live in minillm.prefix_cache; a method here that named a design
+    # would be a second place to change when a third design arrives.
+    tree = ast.parse(textwrap.dedent(inspect.getsource(BlockManager)))
+    methods = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
+    assert len(methods) > 15
+    for method in methods:
+        if method.name == "__init__":
+            continue
+        body = method.body[1:] if ast.get_docstring(method) else method.body
+        code = "\n".join(ast.unparse(statement) for statement in body)
+        for word in ("radix", "hash_chain", "hashchain", "self.prefix_caching", "'hash'"):
+            assert word not in code.lower(), (method.name, word)

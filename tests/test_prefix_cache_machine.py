@@ -22,6 +22,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from support import radix_tree
 
 from minillm.kv_cache import BlockManager, PrefixMatch
 from minillm.request import Request
@@ -95,6 +96,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.running.append(req)
         return True
 
+    def num_cached(self) -> int:
+        """How many entries the cache's index holds: radix nodes, or chain hashes."""
+        tree = radix_tree(self.bm)
+        return len(tree.nodes()) if tree else len(self.bm.prefix_cache.table)  # type: ignore
+
     def check_match(self, token_ids: list[int], match: PrefixMatch) -> None:
         P = self.P
         assert match.num_queried == (len(token_ids) - 1) // P
@@ -166,10 +172,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def match(self, which: int, suffix: list[int]) -> None:
         tokens = SHARED[which] + suffix
         before = (list(self.bm.free_blocks), [b.ref_count for b in self.bm.blocks],
-                  len(self.bm.radix.nodes()) if self.bm.radix else len(self.bm.cached))
+                  self.num_cached())
         self.check_match(tokens, self.bm.match_prefix(tokens))
         assert before == (list(self.bm.free_blocks), [b.ref_count for b in self.bm.blocks],
-                          len(self.bm.radix.nodes()) if self.bm.radix else len(self.bm.cached))
+                          self.num_cached())
 
     # -- invariants --
 
@@ -190,9 +196,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def the_reused_snapshot_equals_a_fresh_one(self) -> None:
         snapshot = self.bm.snapshot(self.running)  # nodes kept from the last change
-        self.bm._nodes, self.bm._node_memo = None, {}  # and records kept from earlier builds
-        if self.bm.radix is not None:
-            self.bm.radix._snapshot_memo = {}
+        self.bm._nodes = None  # and records kept from earlier builds
+        if (tree := radix_tree(self.bm)) is not None:
+            tree._snapshot_memo = {}
+        else:
+            self.bm.prefix_cache._node_memo = {}  # type: ignore[attr-defined]
         assert snapshot == self.bm.snapshot(self.running)
         seen: set[int] = set()
         for node in snapshot.nodes:  # parents first
@@ -209,7 +217,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def radix_counts_match_the_requests_holding_each_node(self) -> None:
-        radix = self.bm.radix
+        radix = radix_tree(self.bm)
         if radix is None:
             return
         nodes = radix.nodes()
@@ -242,7 +250,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def cached_blocks_hold_the_tokens_their_path_spells(self) -> None:
-        radix, P = self.bm.radix, self.P
+        radix, P = radix_tree(self.bm), self.P
         if radix is None:
             return
         for node in radix.nodes():

@@ -11,10 +11,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from support import radix_tree
 
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
+from minillm.prefix_cache.hash_chain import HashChainCache
+from minillm.prefix_cache.radix_blocks import RadixPrefixCache
 from minillm.sim.simulator import simulate
 from minillm.workloads.prefixes import ideal_prefix_reuse, multi_turn, run_conversations
 from minillm.workloads.streams import RequestSpec
@@ -34,10 +37,10 @@ def assert_all_released(bm: BlockManager) -> None:
     """After a run: every block free or cached free, and nothing holds any count."""
     assert bm.num_free_blocks == bm.num_blocks
     assert all(block.ref_count == 0 for block in bm.blocks)
-    if bm.radix is not None:
-        assert bm.radix.holders == {}
-        assert all(node.ref_count == 0 for node in bm.radix.nodes())
-        assert sorted(bm.cached_free_blocks()) == sorted(bm.radix.block_node)
+    if (tree := radix_tree(bm)) is not None:
+        assert tree.holders == {}
+        assert all(node.ref_count == 0 for node in tree.nodes())
+        assert sorted(bm.cached_free_blocks()) == sorted(tree.block_node)
 
 
 def prefix_sharing_prompts(seed: int = 3) -> list[list[int]]:
@@ -360,8 +363,9 @@ def test_bad_cache_settings_are_refused_with_what_to_do(kwargs: dict, message: s
 def test_the_design_and_policy_reach_the_engine() -> None:
     llm = make_llm("radix", num_kv_blocks=8, scheduling_policy="lpm")
     assert llm.config.prefix_caching == "radix" and llm.config.scheduling_policy == "lpm"
-    assert llm.engine.block_manager.radix is not None
-    assert make_llm("hash", num_kv_blocks=8).engine.block_manager.radix is None
+    assert isinstance(llm.engine.block_manager.prefix_cache, RadixPrefixCache)
+    hashed = make_llm("hash", num_kv_blocks=8).engine.block_manager.prefix_cache
+    assert isinstance(hashed, HashChainCache)
 
 
 @pytest.mark.parametrize("num_kv_blocks", [22, 26])

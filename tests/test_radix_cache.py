@@ -8,7 +8,7 @@ only. The state machine in test_prefix_cache_machine.py checks them all together
 from __future__ import annotations
 
 import pytest
-from support import admit  # admission as the scheduler does it, for either design
+from support import admit, radix_tree  # admission as the scheduler does it, for either design
 
 from minillm.kv_cache import BlockManager, PrefixMatch
 from minillm.prefix_cache.radix import RadixCache
@@ -28,8 +28,9 @@ def radix_manager(num_blocks: int, block_size: int = 2) -> BlockManager:
 
 
 def tree(bm: BlockManager) -> RadixCache:
-    assert bm.radix is not None
-    return bm.radix
+    cache = radix_tree(bm)
+    assert cache is not None
+    return cache
 
 
 def shape(cache: RadixCache) -> set[tuple[tuple[int, ...], int, int]]:

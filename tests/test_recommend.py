@@ -10,6 +10,7 @@ import pytest
 from minillm import simulate
 from minillm.calc import parallel
 from minillm.calc.hardware import HARDWARE
+from minillm.calc.roofline import StepOverheads
 from minillm.metrics import percentile
 from minillm.plan.recipe import (
     MAX_NUM_SEQS_CAP,
@@ -161,7 +162,7 @@ def test_step_overheads_shrink_the_chunk():
     layout, slo = parallel.ParallelConfig(1), {"tpot": 0.03}
     peak = choose_batched_tokens("llama-3-8b", "H100-SXM", layout, 64, 1200, specs, slo, [])
     slowed = choose_batched_tokens("llama-3-8b", "H100-SXM", layout, 64, 1200, specs, slo, [],
-                                   {"overhead": 0.01, "overhead_per_seq": 1e-4})
+                                   StepOverheads(overhead=0.01, overhead_per_seq=1e-4))
     assert MIN_BATCHED_TOKENS <= slowed < peak
 
 
@@ -179,7 +180,8 @@ def test_replica_share_takes_every_nth_request_at_a_fraction_of_the_rate():
     ({"workload": []}, "workload must be a non-empty sequence of RequestSpec"),
     ({"attainment_target": 1.5}, "attainment_target must be in"),
     ({"overheads": {"launch": 1e-3}}, "unknown overhead 'launch'"),
-    ({"overheads": {"overhead": -1}}, r"overheads\['overhead'\] must be a number"),
+    ({"overheads": {"overhead": -1}}, r"overheads must be >= 0 seconds, got "
+                                      r"overhead=-1,"),
 ])
 def test_bad_inputs_are_named(kwargs, message):
     args = {"model": "llama-3-8b", "hw": "H100-SXM",

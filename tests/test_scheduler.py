@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import radix_tree
 
 from minillm import waiting_queue
 from minillm.config import EngineConfig
@@ -266,7 +267,7 @@ def test_random_workloads_with_either_cache_design_and_policy_finish_and_free_ev
     workload: tuple[EngineConfig, int, list[Arrival]],
 ) -> None:
     engine = run_workload(*workload)
-    radix = engine.bm.radix
+    radix = radix_tree(engine.bm)
     if radix is not None:
         assert radix.holders == {} and all(n.ref_count == 0 for n in radix.nodes())
         assert sorted(engine.bm.cached_free_blocks()) == sorted(radix.block_node)

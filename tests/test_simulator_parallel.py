@@ -5,10 +5,14 @@ import pytest
 
 from minillm.calc import parallel
 from minillm.calc.parallel import ParallelConfig
+from minillm.calc.roofline import StepOverheads
 from minillm.sim.simulator import simulate
 from minillm.workloads import streams as workload
 
 pytestmark = pytest.mark.ch11
+
+
+SLOW = StepOverheads(overhead=2e-4, overhead_per_seq=1e-5)  # a framework's per-step costs
 
 
 def _requests(n: int = 120, rate: float = 8.0) -> workload.Workload:
@@ -21,13 +25,13 @@ def _token_times(result):
 
 def test_one_gpu_layout_is_todays_simulation():
     wl = _requests()
-    today = simulate("llama-3-8b", "H100-SXM", wl, overhead=2e-4, overhead_per_seq=1e-5)
-    explicit = simulate("llama-3-8b", "H100-SXM", wl, overhead=2e-4, overhead_per_seq=1e-5,
+    today = simulate("llama-3-8b", "H100-SXM", wl, overheads=SLOW)
+    explicit = simulate("llama-3-8b", "H100-SXM", wl, overheads=SLOW,
                         tensor_parallel_size=1, pipeline_parallel_size=1)
     assert _token_times(explicit) == _token_times(today)
     assert explicit.config == today.config and explicit.layout == ParallelConfig()
     # The parallel cost model at 1 x 1 prices every step exactly as the roofline does.
-    priced = simulate("llama-3-8b", "H100-SXM", wl, overhead=2e-4, overhead_per_seq=1e-5,
+    priced = simulate("llama-3-8b", "H100-SXM", wl, overheads=SLOW,
                       step_time=parallel.step_timer(ParallelConfig()))
     assert _token_times(priced) == _token_times(today)
 

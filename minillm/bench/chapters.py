@@ -51,12 +51,17 @@ MIN_CHAPTER_TIMEOUT = 30.0  # seconds: no chapter gets less, whatever is left of
 
 @dataclass
 class CellFailure:
-    """One code cell that raised: its index among the code cells, the exception, and the
-    source line it was raised from (an assert's own line, for an AssertionError)."""
+    """One code cell that raised: its index among the code cells (None when the chapter died
+    outside any cell), the exception, and the source line it was raised from (an assert's own
+    line, for an AssertionError)."""
 
-    cell: int
+    cell: int | None
     error: str
     line: str
+
+    @property
+    def where(self) -> str:
+        return "outside any cell" if self.cell is None else f"cell {self.cell}"
 
 
 @dataclass
@@ -94,8 +99,7 @@ class ChapterRun:
         status = "ok" if self.ok else f"{len(self.failures)} cell(s) failed"
         head = (f"{self.chapter}: {self.passed}/{self.cells} code cells passed in "
                 f"{self.seconds:.0f} s, {status}")
-        return "\n".join([head] + [f"    cell {f.cell}: {f.error}  [{f.line}]"
-                                   for f in self.failures])
+        return "\n".join([head] + [f"    {f.where}: {f.error}  [{f.line}]" for f in self.failures])
 
     @classmethod
     def from_json(cls, data: dict) -> ChapterRun:
@@ -267,17 +271,17 @@ def run_in_subprocess(path: Path, timeout: float, log: Path, gpu_shaped: str | N
         in_child = run.seconds  # to the start of the cell it was in, if it was killed
         run.timeout, run.seconds = timeout, seconds
         if timed_out:
-            cell = run.current if run.current is not None else -1
-            error = f"timed out after {timeout:.0f} s" + (f" in cell {cell}" if cell >= 0 else "")
+            cell = run.current
+            error = f"timed out after {timeout:.0f} s" + (f" in cell {cell}" if cell is not None
+                                                           else "")
             run.failures.append(CellFailure(cell, error, ""))
-            if cell >= 0:
+            if cell is not None:
                 run.records.append(CellRecord(cell, _cell_id(path, cell),
                                               max(0.0, seconds - in_child), False, error))
         elif not result.exists() or run.current is not None:
             where = f" in cell {run.current}" if run.current is not None else ""
-            run.failures.append(CellFailure(
-                -1 if run.current is None else run.current,
-                f"the chapter's Python exited without a result{where}: see {log.name}", ""))
+            error = f"the chapter's Python exited without a result{where}: see {log.name}"
+            run.failures.append(CellFailure(run.current, error, ""))
         return run
 
 

@@ -5,6 +5,7 @@
     models.py       named shapes of public models (llama-3-8b, qwen3-0.6b, ...)
     sizing.py       KV-cache and weight bytes, the KV wall (max_concurrency), $ per 1M tokens
     roofline.py     ridge points, the step cost model, measure_machine()
+    step_overheads.py  StepOverheads: what a step costs beyond its roofline (calibration fits it)
     collectives.py  what crossing a link costs: ring all-reduce, sends, pipeline bubbles
     parallel.py     tensor and pipeline parallelism: weights and KV per GPU, a TP x PP step's cost
     preemption.py   what a preemption costs on a GPU, recompute vs swap, and the crossover

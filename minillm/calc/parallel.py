@@ -38,6 +38,7 @@ from minillm.calc.collectives import (  # noqa: F401 (parallel re-exports the on
 )
 from minillm.calc.hardware import Hardware, Link, get_hardware
 from minillm.calc.models import ModelLike, as_config
+from minillm.calc.step_overheads import StepOverheads
 from minillm.model_config import ModelConfig
 
 
@@ -310,12 +311,14 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
     roofline.step_time) are added once a step. At t = p = 1 the FLOPs, bytes and time are
     roofline.step_time's."""
     c, device = as_config(model), get_hardware(hw)
+    overheads = StepOverheads(overhead, overhead_per_token, overhead_per_seq, overhead_per_pair)
     if not 0 < matmul_speedup < math.inf:
         raise ValueError(f"matmul_speedup must be a positive number, got {matmul_speedup!r}")
     shapes = _shapes(c, layout)
     kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     act = max(dtype_bytes, 2) if activation_bytes is None else activation_bytes
     tokens = rows = pairs = kv_tokens = 0
+    entries = list(entries)
     for n, ctx in entries:
         if n < 1 or ctx < n:
             raise ValueError(f"entry (num_new_tokens={n}, context_len={ctx}): need "
@@ -339,9 +342,7 @@ def parallel_step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[t
                 if stage < pp - 1 else 0.0)
         stages.append(StageCost(s.layers, flops, moved, compute,
                                 moved / device.bandwidth, reduce, send))
-    extra = (overhead + overhead_per_token * tokens + overhead_per_seq * rows
-             + overhead_per_pair * pairs)
-    return ParallelStepCost(tuple(stages), extra)
+    return ParallelStepCost(tuple(stages), overheads.seconds(entries))
 
 
 def step_timer(layout: ParallelConfig) -> Callable[..., ParallelStepCost]:

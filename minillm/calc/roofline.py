@@ -24,6 +24,9 @@ from minillm.calc.hardware import HARDWARE as HARDWARE
 from minillm.calc.hardware import HOST_LINKS as HOST_LINKS
 from minillm.calc.hardware import Hardware, get_hardware
 from minillm.calc.models import ModelLike, as_config
+from minillm.calc.step_overheads import OVERHEAD_TERMS as OVERHEAD_TERMS
+from minillm.calc.step_overheads import StepOverheads
+from minillm.calc.step_overheads import attention_pairs as attention_pairs
 from minillm.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -132,43 +135,22 @@ def step_flops_bytes(model: ModelLike, entries: Iterable[tuple[int, int]],
     return flops, s.read_params * dtype_bytes + s.kv_elems_per_token * kv_tokens * kv_bytes
 
 
-def attention_pairs(entries: Iterable[tuple[int, int]]) -> int:
-    """(query, key) pairs that attention visits in a step: n * c - n * (n - 1) / 2 per entry of
-    n new tokens ending at context c (a decode: c; a whole prefill of I tokens: I * (I + 1) / 2).
-    """
-    return sum(n * c - n * (n - 1) // 2 for n, c in entries)
-
-
 def step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int, int]],
               dtype_bytes: float = 2, overhead: float = 0.0,
               overhead_per_token: float = 0.0, overhead_per_seq: float = 0.0,
               overhead_per_pair: float = 0.0, *,
               kv_dtype_bytes: float | None = None) -> StepCost:
     """The roofline time of one step over a mixed batch (see step_flops_bytes for entries):
-    max(FLOPs / peak FLOP/s, bytes / bandwidth) plus what no roofline counts, in seconds:
-    overhead per step (scheduling, kernel launches), overhead_per_token per new token (norms,
-    rotary embeddings, small ops below peak), overhead_per_seq per request in the batch (its
-    batch metadata, sampling, a per-request attention call) and overhead_per_pair per attention
-    (query, key) pair (attention_pairs: an attention that materialises its score matrix, as the
-    PyTorch reference does, pays in bytes per pair that a fused kernel never writes). Peak rates
-    are never reached in practice; calibrate the overheads (minillm.calibration), or pass
-    measured rates as a Hardware. kv_dtype_bytes: bytes per K/V number, as in step_flops_bytes."""
-    extras = {"overhead": overhead, "overhead_per_token": overhead_per_token,
-              "overhead_per_seq": overhead_per_seq, "overhead_per_pair": overhead_per_pair}
-    if any(not value >= 0 for value in extras.values()):
-        raise ValueError("overheads must be >= 0 seconds, got " + ", ".join(
-            f"{name}={value!r}" for name, value in extras.items()))
+    max(FLOPs / peak FLOP/s, bytes / bandwidth) plus the overheads, in seconds (StepOverheads
+    says what each counts). Peak rates are never reached in practice; calibrate the overheads
+    (minillm.calibration), or pass measured rates as a Hardware. kv_dtype_bytes: bytes per K/V
+    number, as in step_flops_bytes."""
+    overheads = StepOverheads(overhead, overhead_per_token, overhead_per_seq, overhead_per_pair)
     device = hw if isinstance(hw, Hardware) else get_hardware(hw)
     entries = entries if isinstance(entries, Sequence) else list(entries)
     flops, moved = step_flops_bytes(model, entries, dtype_bytes, kv_dtype_bytes=kv_dtype_bytes)
     compute_time, memory_time = flops / device.flops, moved / device.bandwidth
-    extra = overhead
-    if overhead_per_token:
-        extra += overhead_per_token * sum(n for n, _ in entries)
-    if overhead_per_seq:
-        extra += overhead_per_seq * len(entries)
-    if overhead_per_pair:
-        extra += overhead_per_pair * attention_pairs(entries)
+    extra = overheads.seconds(entries)
     return StepCost(flops, moved, compute_time, memory_time, extra,
                     max(compute_time, memory_time) + extra)
 

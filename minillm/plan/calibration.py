@@ -58,7 +58,6 @@ from minillm.workloads.streams import RequestSpec, Workload
 
 StepPhase = Literal["prefill", "decode", "mixed"]
 PHASES: tuple[StepPhase, ...] = ("prefill", "decode", "mixed")
-OVERHEAD_TERMS = ("overhead", "overhead_per_token", "overhead_per_seq", "overhead_per_pair")
 REQUEST_METRICS = (("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"), ("tpot", "p99"))
 
 
@@ -98,9 +97,9 @@ class CalibrationReport:
 
     clock: how the real run was clocked ("wall" or "cpu", see the module).
     overhead, overhead_per_token, overhead_per_seq, overhead_per_pair: the fitted seconds per
-    step, per new token, per request in a step and per attention pair (overheads() gives them as
-    simulate's keywords). fitted_on: "even steps" (of this run; steps then holds the odd ones)
-    or "fit run" (a separate run; steps holds every step of this one).
+    step, per new token, per request in a step and per attention pair (overheads() gives them
+    as one roofline.StepOverheads, for simulate). fitted_on: "even steps" (of this run; steps
+    then holds the odd ones) or "fit run" (a separate run; steps holds every step of this one).
     Step level: median_error per phase, the median of |modelled - real| / real (nan when the run
     has no such step); median_bias, the median signed error (negative: under-priced).
     Request level: real_summary and simulated_summary, the real run (on its clock) and
@@ -126,9 +125,10 @@ class CalibrationReport:
     simulated_summary: Summary
     schedules_match: bool
 
-    def overheads(self) -> dict[str, float]:
-        """The fitted overheads as keywords of simulate and roofline.step_time."""
-        return {name: getattr(self, name) for name in OVERHEAD_TERMS}
+    def overheads(self) -> roofline.StepOverheads:
+        """The fitted overheads, for simulate(overheads=...) and recommend."""
+        return roofline.StepOverheads(self.overhead, self.overhead_per_token,
+                                      self.overhead_per_seq, self.overhead_per_pair)
 
     @property
     def requests(self) -> list[RequestComparison]:
@@ -165,8 +165,7 @@ def step_entries(record: StepRecord) -> list[tuple[int, int]]:
 
 def step_terms(record: StepRecord) -> tuple[int, int, int, int]:
     """What each overhead multiplies: (1 step, new tokens, requests, attention pairs)."""
-    entries = step_entries(record)
-    return 1, record.num_tokens, len(entries), roofline.attention_pairs(entries)
+    return roofline.StepOverheads.terms(step_entries(record))
 
 
 def fit_overheads(real: Sequence[float], modelled: Sequence[float],
@@ -241,12 +240,12 @@ def calibrate(llm: LLM, workload: Workload, *, hw: roofline.Hardware | None = No
     real = list(zip(run.trace, run.step_times))
     fitted, evaluated = ((list(zip(fit_run.trace, fit_run.step_times)), real)
                          if fit_run is not None else (real[::2], real[1::2]))
-    overheads = dict(zip(OVERHEAD_TERMS, _fit(fitted, llm, hw, dtype_bytes)))
+    overheads = roofline.StepOverheads(*_fit(fitted, llm, hw, dtype_bytes))
     steps = [StepComparison(r.step, step_phase(r), r.num_tokens, seconds, _modelled(
                  r, llm, hw, dtype_bytes, overheads)) for r, seconds in evaluated]
-    sim = simulate_like(llm, workload, hw, dtype_bytes, **overheads)
+    sim = simulate_like(llm, workload, hw, dtype_bytes, overheads)
     return CalibrationReport(
-        hardware=hw, dtype_bytes=dtype_bytes, clock=clock, **overheads,
+        hardware=hw, dtype_bytes=dtype_bytes, clock=clock, **overheads.as_keywords(),
         fitted_on="fit run" if fit_run else "even steps", steps=steps,
         median_error={p: _median([abs(s.error) for s in steps if s.phase == p]) for p in PHASES},
         median_bias={p: _median([s.error for s in steps if s.phase == p]) for p in PHASES},
@@ -261,7 +260,8 @@ def _fit(steps: Sequence[tuple[StepRecord, float]], llm: LLM, hw: roofline.Hardw
     """fit_overheads over (record, real seconds) pairs: each phase weighs the same, and within
     a phase each step's error counts relative to the phase's median step."""
     trace, seconds = [r for r, _ in steps], [t for _, t in steps]
-    return fit_overheads(seconds, [_modelled(r, llm, hw, dtype_bytes, {}) for r in trace],
+    return fit_overheads(seconds, [_modelled(r, llm, hw, dtype_bytes, roofline.StepOverheads())
+                                   for r in trace],
                          [step_terms(r) for r in trace], phase_weights(trace),
                          phase_scales(trace, seconds))
 
@@ -272,15 +272,12 @@ def at_time_zero(specs: Sequence[RequestSpec]) -> Workload:
 
 
 def simulate_like(llm: LLM, workload: Workload, hw: roofline.Hardware, dtype_bytes: int,
-                  overhead: float = 0.0, overhead_per_token: float = 0.0,
-                  overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0
-                  ) -> SimulationResult:
+                  overheads: roofline.StepOverheads | None = None) -> SimulationResult:
     """simulate() of workload with llm's model shape and every scheduling setting of its engine,
     KV pool size included, on hw."""
     c = llm.config
-    return simulate(llm.model.config, hw, workload, dtype_bytes=dtype_bytes, overhead=overhead,
-                    overhead_per_token=overhead_per_token, overhead_per_seq=overhead_per_seq,
-                    overhead_per_pair=overhead_per_pair, block_size=c.block_size,
+    return simulate(llm.model.config, hw, workload, dtype_bytes=dtype_bytes, overheads=overheads,
+                    block_size=c.block_size,
                     max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
                     enable_chunked_prefill=c.enable_chunked_prefill,
                     enable_prefix_caching=c.enable_prefix_caching, scheduling=c.scheduling,
@@ -288,9 +285,9 @@ def simulate_like(llm: LLM, workload: Workload, hw: roofline.Hardware, dtype_byt
 
 
 def _modelled(record: StepRecord, llm: LLM, hw: roofline.Hardware, dtype_bytes: int,
-              overheads: dict[str, float]) -> float:
+              overheads: roofline.StepOverheads) -> float:
     return roofline.step_time(llm.model.config, hw, step_entries(record), dtype_bytes,
-                              **overheads).time
+                              *overheads.as_tuple()).time
 
 
 def _schedule(trace: Sequence[StepRecord]) -> list[list[tuple[str, int, int]]]:

@@ -23,6 +23,7 @@ from typing import Any
 from minillm.calc import parallel
 from minillm.calc.hardware import Hardware, get_hardware
 from minillm.calc.models import ModelLike, as_config
+from minillm.calc.roofline import StepOverheads
 from minillm.calc.sizing import cost_per_million_tokens
 from minillm.metrics import SteadyState, Summary, meets_slo, percentile, steady_state
 from minillm.quant.schemes import get_scheme
@@ -195,19 +196,19 @@ def quantized_step_kwargs(deployment: Deployment, device: Hardware) -> dict[str,
 
 def run_deployment(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSpec],
                    slo: dict[str, float], deployment: Deployment, *, sim_requests: int = 300,
-                   overheads: dict[str, float] | None = None) -> DeploymentRun:
+                   overheads: StepOverheads | None = None) -> DeploymentRun:
     """Simulate one replica of deployment on its share of workload (at most sim_requests
     requests), and scale goodput and cost to the fleet, both read in the run's steady state
     (minillm.metrics.steady_state): goodput is the good requests/s of the window's arrivals,
     the cost the GPUs' $/h over the output tokens/s the fleet owes them. overheads:
-    simulate()'s step overheads (None: the roofline's peaks). ValueError from simulate when
+    simulate()'s (None: the roofline's peaks). ValueError from simulate when
     the layout does not fit, and from quantized_step_kwargs for a scheme the GPU lacks."""
     device = get_hardware(hw)
     share = replica_share(workload, deployment.replicas)[:sim_requests]
     result = simulate(model, device, share, record_block_tables=False,
                       gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                       **deployment.engine_kwargs(), **quantized_step_kwargs(deployment, device),
-                      **(overheads or {}))
+                      overheads=overheads)
     summary = result.summary(slo)
     steady = steady_state([o.metrics for o in result.outputs], slo)
     dollars = None

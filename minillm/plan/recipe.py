@@ -33,13 +33,14 @@ DistServe counts) meet every bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from minillm.calc import parallel
 from minillm.calc.hardware import Hardware, get_hardware
 from minillm.calc.models import ModelLike, as_config
+from minillm.calc.roofline import StepOverheads
 from minillm.metrics import Summary, percentile
 from minillm.plan.deployment import (
     Deployment,
@@ -120,20 +121,21 @@ class Recommendation:
 
 def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSpec],
               slo: dict[str, float], gpus: int, *, attainment_target: float = 0.9,
-              sim_requests: int = 300, overheads: dict[str, float] | None = None,
+              sim_requests: int = 300,
+              overheads: StepOverheads | Mapping[str, float] | None = None,
               quantization: str | None = None) -> Recommendation:
     """The recipe's deployment of model on gpus GPUs of hw for workload under slo (seconds,
     as metrics.meets_slo: {"ttft": 1.0, "tpot": 0.05}); simulations use at most sim_requests
-    requests of one replica's share. overheads: simulate()'s overhead, overhead_per_token,
-    overhead_per_seq, overhead_per_pair (CalibrationReport.overheads() fits them), used by
-    step 3 and the search alike; None prices steps at the roofline's peaks. quantization:
+    requests of one replica's share. overheads: the steps' roofline.StepOverheads, or a dict
+    of its field names (CalibrationReport.overheads() fits them), used by step 3 and the
+    search alike; None prices steps at the roofline's peaks. quantization:
     vLLM's name of the weights' scheme (minillm.quant.schemes.SCHEMES; None is bf16). ValueError
     naming the binding constraint when no configuration can: the weights (step 1) or the SLO
     metric furthest from met (step 4); and for a scheme the GPU cannot run (fp8 without FP8
     tensor cores)."""
     config, device = as_config(model), get_hardware(hw)
     _check_inputs(workload, slo, gpus, attainment_target, sim_requests)
-    overheads = _check_overheads(overheads)
+    step_overheads = StepOverheads.of(overheads)
     scheme = get_scheme(quantization)
     scheme.check(device)
     totals = [s.prompt_len + s.output_len for s in workload]
@@ -151,9 +153,9 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
     seqs = choose_max_num_seqs(config, device, layout, typical, reasoning,
                                quantization=scheme.name)
     budget = choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
-                                   reasoning, overheads, quantization=scheme.name)
+                                   reasoning, step_overheads, quantization=scheme.name)
     best, tried = _search(config, device, workload, slo, gpus, (layout, seqs, budget),
-                          attainment_target, sim_requests, overheads, quantization)
+                          attainment_target, sim_requests, step_overheads, quantization)
     if best.attainment < attainment_target:
         raise ValueError(_refusal(tried, slo, attainment_target))
     return _report(model, device, gpus, best, tried, reasoning)
@@ -215,20 +217,9 @@ def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: 
         raise ValueError(f"sim_requests must be a positive int, got {sim_requests!r}")
 
 
-def _check_overheads(overheads: dict[str, float] | None) -> dict[str, float]:
-    allowed = ("overhead", "overhead_per_token", "overhead_per_seq", "overhead_per_pair")
-    for name, value in (overheads or {}).items():
-        if name not in allowed:
-            raise ValueError(f"unknown overhead {name!r}; use {', '.join(allowed)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"overheads[{name!r}] must be a number of seconds >= 0, "
-                             f"got {value!r}")
-    return dict(overheads or {})
-
-
 def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
             slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
-            target: float, sim_requests: int, overheads: dict[str, float],
+            target: float, sim_requests: int, overheads: StepOverheads,
             quantization: str | None = None) -> tuple[DeploymentRun, list[DeploymentRun]]:
     """Step 4: from start (layout, max_num_seqs, budget), max_num_seqs by climb_max_num_seqs,
     then the budget halved and doubled around it, then each wider TP with its own steps 2-3;

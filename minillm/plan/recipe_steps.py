@@ -134,7 +134,7 @@ def choose_max_num_seqs(config: Any, device: Hardware, layout: parallel.Parallel
 def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.ParallelConfig,
                           seqs: int, typical: int, workload: Sequence[RequestSpec],
                           slo: dict[str, float], reasoning: list[str],
-                          overheads: dict[str, float] | None = None, *,
+                          overheads: roofline.StepOverheads | None = None, *,
                           quantization: str | None = None, interference: float = 0.0) -> int:
     """Step 3: the largest power-of-two budget (MIN_BATCHED_TOKENS..MAX_BATCHED_TOKENS) whose
     mixed step, one chunk of the budget beside seqs - 1 decodes at the typical context, stays
@@ -142,12 +142,13 @@ def choose_batched_tokens(config: Any, device: Hardware, layout: parallel.Parall
     quantization's scheme, with interference between the chunk and the decodes as
     roofline.serial_phases prices it (0: the roofline of the whole step)."""
     step_kwargs = get_scheme(quantization).step_kwargs()
+    overheads = roofline.StepOverheads.of(overheads)
     price = roofline.serial_phases(parallel.step_timer(layout), interference)
     prompt_p90 = math.ceil(percentile([s.prompt_len for s in workload], 90))
 
     def mixed_step(budget: int) -> float:
         decodes = [(1, typical)] * (seqs - 1)
-        return price(config, device, [(budget, budget)] + decodes, **(overheads or {}),
+        return price(config, device, [(budget, budget)] + decodes, **overheads.as_keywords(),
                      **step_kwargs).time
 
     tpot = slo.get("tpot")

@@ -25,7 +25,7 @@ import dataclasses
 import gc
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -143,8 +143,8 @@ def hit_rate(stats: dict[str, int], unit: Literal["blocks", "tokens"] = "blocks"
 def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
                    workload: Workload | Sequence[RequestSpec], *, num_replicas: int = 4,
                    routing: RoutingName | Router = "round_robin", load_bound: float = 8,
-                   dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
-                   overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
+                   dtype_bytes: int = 2,
+                   overheads: roofline.StepOverheads | Mapping[str, float] | None = None,
                    gpu_memory_utilization: float = 0.9, record_block_tables: bool = False,
                    step_time: StepTimer | None = None,
                    kv_dtype_bytes: float | None = None, tensor_parallel_size: int = 1,
@@ -163,7 +163,7 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     engine_kwargs: EngineConfig's, for every replica; prefix caching is on unless
     enable_prefix_caching=False is passed. The pool, dtype_bytes,
     kv_dtype_bytes (1 for an int8 or fp8 KV cache: more blocks per replica, fewer KV bytes per
-    step), the overhead keywords, gpu_memory_utilization and step_time are as in simulate, and
+    step), overheads, gpu_memory_utilization and step_time are as in simulate, and
     so is record_block_tables, off by default here since a fleet run is long.
     tensor_parallel_size: GPUs of each replica (as in simulate: the pool is what each GPU
     holds of its shard, steps are priced by parallel_step_time), so the fleet has
@@ -184,8 +184,8 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
         step_time = roofline.serial_phases(step_time, interference)
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
                             kv_dtype_bytes, None, layout)
-    overheads = (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair)
-    sims = [Simulator(mc, hardware, config, dtype_bytes, overheads, record_block_tables,
+    step_overheads = roofline.StepOverheads.of(overheads)
+    sims = [Simulator(mc, hardware, config, dtype_bytes, step_overheads, record_block_tables,
                       step_time, kv_dtype_bytes=kv_dtype_bytes, layout=layout)
             for _ in range(num_replicas)]
     for i, spec in enumerate(workload):

@@ -31,9 +31,9 @@ from minillm.swap import SwapSpace, num_swap_blocks
 from minillm.trace import StepRecord, step_record
 from minillm.workloads.streams import Arrivals, RequestSpec, Workload
 
-# A step's cost model: (model, hw, entries, dtype_bytes, overhead, per token, per request,
-# per attention pair) -> roofline.StepCost, as roofline.step_time; called with the keyword
-# kv_dtype_bytes too, but only when the KV cache's dtype differs from the weights'.
+# A step's cost model: (model, hw, entries, dtype_bytes, *StepOverheads.as_tuple()) ->
+# roofline.StepCost, as roofline.step_time; called with the keyword kv_dtype_bytes too, but only
+# when the KV cache's dtype differs from the weights'.
 StepTimer = Callable[..., roofline.StepCost]
 
 
@@ -49,7 +49,7 @@ class Simulator:
     """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
 
     def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
-                 dtype_bytes: int = 2, overheads: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
+                 dtype_bytes: int = 2, overheads: roofline.StepOverheads | None = None,
                  record_block_tables: bool = True, step_time: StepTimer = roofline.step_time,
                  *, kv_dtype_bytes: float | None = None,
                  speculation: SimulatedSpeculation | None = None,
@@ -64,9 +64,8 @@ class Simulator:
         # Passed to step_time only when it differs, so cost models without the keyword still run.
         self.step_kwargs = ({} if kv_dtype_bytes in (None, dtype_bytes)
                             else {"kv_dtype_bytes": kv_dtype_bytes})
-        # seconds per step, per new token, per request in the step, per attention pair
-        (self.overhead, self.overhead_per_token, self.overhead_per_seq,
-         self.overhead_per_pair) = (*overheads, 0.0, 0.0, 0.0, 0.0)[:4]
+        self.overheads = roofline.StepOverheads.of(overheads)
+        self._overhead_args = self.overheads.as_tuple()  # passed on every step, unpacked once
         self.record_block_tables = record_block_tables
         self.step_time = step_time
         self.speculation = speculation
@@ -177,9 +176,8 @@ class Simulator:
         """Seconds of one forward of model over batch by the cost model; given the step's
         scheduled requests, the target's forward also computes logits at every proposed token,
         and a draft model's forwards come before it (minillm.spec.simulate)."""
-        cost = self.step_time(model, self.hw, batch, self.dtype_bytes, self.overhead,
-                              self.overhead_per_token, self.overhead_per_seq,
-                              self.overhead_per_pair, **self.step_kwargs)
+        cost = self.step_time(model, self.hw, batch, self.dtype_bytes, *self._overhead_args,
+                              **self.step_kwargs)
         if self.speculation is None or not scheduled:
             return cost.time
         proposed = sum(s.num_tokens - 1 for s in scheduled if is_speculative(s))

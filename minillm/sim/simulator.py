@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +55,8 @@ class SimulationResult:
 
 def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
              workload: Workload | Sequence[RequestSpec], *,
-             dtype_bytes: int = 2, overhead: float = 0.0, overhead_per_token: float = 0.0,
-             overhead_per_seq: float = 0.0, overhead_per_pair: float = 0.0,
+             dtype_bytes: int = 2,
+             overheads: roofline.StepOverheads | Mapping[str, float] | None = None,
              gpu_memory_utilization: float = 0.9, record_block_tables: bool = True,
              step_time: StepTimer | None = None, kv_dtype_bytes: float | None = None,
              acceptance_rate: float | None = None, draft_model: str | ModelConfig | None = None,
@@ -71,11 +71,9 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     dtype_bytes: bytes per weight (and per KV element unless kv_dtype_bytes is given);
     kv_dtype_bytes: bytes per K or V number (1 for an fp8 or int8 cache): it sizes the pool's
     blocks, so the same memory holds more of them, the bytes a swap moves and the KV reads of
-    each step. overhead: seconds added to every step (launch
-    and framework time); overhead_per_token: seconds per new token of a step; overhead_per_seq:
-    seconds per request in a step; overhead_per_pair: seconds per attention (query, key) pair
-    (all as in roofline.step_time; minillm.calibration fits them on this machine, and
-    CalibrationReport.overheads() gives them as these keywords).
+    each step. overheads: what each step costs beyond its roofline time (roofline.StepOverheads,
+    or a dict of its field names; None: nothing), per step, per new token, per request and per
+    attention pair; minillm.calibration fits them on this machine (CalibrationReport.overheads).
     engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
     pool is what gpu_memory_utilization of hw.memory leaves after the weights.
     step_time: the cost model that prices each step, called as roofline.step_time is (swap in
@@ -102,6 +100,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     """
     mc = models.as_config(model)
     hardware = roofline.get_hardware(hw)
+    step_overheads = roofline.StepOverheads.of(overheads)
     layout = parallel.ParallelConfig(tensor_parallel_size, pipeline_parallel_size).check(mc)
     engine_kwargs, speculation = split_speculation(engine_kwargs, acceptance_rate, draft_model,
                                                    engine_kwargs.get("seed", 0))
@@ -118,8 +117,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
                             kv_dtype_bytes, draft, layout)
 
     def make_engine(engine_config: EngineConfig, timer: StepTimer) -> Simulator:
-        return Simulator(mc, hardware, engine_config, dtype_bytes,
-                         (overhead, overhead_per_token, overhead_per_seq, overhead_per_pair),
+        return Simulator(mc, hardware, engine_config, dtype_bytes, step_overheads,
                          record_block_tables, timer, kv_dtype_bytes=kv_dtype_bytes,
                          speculation=speculation, layout=layout)
 

@@ -64,6 +64,7 @@ def capstone(student: str = STUDENT) -> dict[str, Any]:
     """11.2: the student's brief deployed the recipe's way, then argued past the recipe: the
     binding bound and one step past the choice, a rival layout, the headroom in rate and GPUs,
     the sensitivity to a per-step overhead, all modelled on the student's own brief."""
+    from minillm.calc.roofline import StepOverheads
     from minillm.plan.capstone import evaluate, reference, student_scenario
     from minillm.plan.deployment import run_deployment
 
@@ -97,7 +98,7 @@ def capstone(student: str = STUDENT) -> dict[str, Any]:
                        f"${run.dollars_per_million_tokens:.2f} on {chosen.gpus}")
     slowed = {overhead: run_deployment(scenario.model, scenario.hardware, scenario.workload(),
                                        scenario.slo, chosen, sim_requests=scenario.sim_requests,
-                                       overheads={"overhead": overhead})
+                                       overheads=StepOverheads(overhead=overhead))
               for overhead in (0.003, 0.010)}  # seconds added to every step
     reasoning = (
         f"My brief: {scenario.describe()}. I started from the recipe (recommend) and kept its "
