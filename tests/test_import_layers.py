@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "minillm.calc", "minillm.calc.*", "minillm.model_config", "minillm.device",
         "minillm.spec.cost", "minillm.quant.schemes", "minillm.attention.io_cost",
         "minillm.attention.online_softmax", "minillm.attention.tiles"]),
+    ("workloads: request streams", ["minillm.workloads", "minillm.workloads.*"]),
     ("engine core: requests to LLM, attention, quant, speculative decoding", [
         "minillm.request", "minillm.sampling", "minillm.metrics", "minillm.trace",
         "minillm.tokenizer", "minillm.kv_cache", "minillm.prefix_cache", "minillm.prefix_cache.*",
@@ -34,7 +35,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         "minillm.layers", "minillm.layers.*", "minillm.model", "minillm.cuda_graph",
         "minillm.model_runner", "minillm.engine", "minillm.llm", "minillm.quality",
         "minillm.attention", "minillm.attention.*", "minillm.quant.*", "minillm.spec.*"]),
-    ("workloads: request streams", ["minillm.workloads", "minillm.workloads.*"]),
     ("simulator and fleet: the scheduler on a virtual clock", ["minillm.sim", "minillm.sim.*"]),
     ("serving: the engine run on workloads in real time", ["minillm.serve", "minillm.serve.*"]),
     ("deployment planning: recipe, disaggregation, failure modes, diagnosis, calibration", [

@@ -18,8 +18,9 @@ from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.prefix_cache.hash_chain import HashChainCache
 from minillm.prefix_cache.radix_blocks import RadixPrefixCache
+from minillm.serve.conversations import run_conversations
 from minillm.sim.simulator import simulate
-from minillm.workloads.prefixes import ideal_prefix_reuse, multi_turn, run_conversations
+from minillm.workloads.prefixes import ideal_prefix_reuse, multi_turn
 from minillm.workloads.streams import RequestSpec
 
 pytestmark = pytest.mark.ch08  # Prefix caching

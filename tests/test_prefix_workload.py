@@ -13,6 +13,7 @@ from minillm import LLM, default_model_path
 from minillm.model_config import ModelConfig
 from minillm.request import RequestOutput
 from minillm.sampling import SamplingParams
+from minillm.serve.conversations import run_conversations
 from minillm.sim.simulator import simulate
 from minillm.workloads.prefixes import (
     Conversation,
@@ -20,7 +21,6 @@ from minillm.workloads.prefixes import (
     ideal_prefix_reuse,
     in_issue_order,
     multi_turn,
-    run_conversations,
     shared_prefix,
     shared_token_fraction,
 )

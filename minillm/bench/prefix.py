@@ -26,11 +26,11 @@ from minillm.calc import machine
 from minillm.llm import LLM, default_model_path
 from minillm.model_config import ModelConfig
 from minillm.sampling import SamplingParams
+from minillm.serve.conversations import run_conversations
 from minillm.workloads.prefixes import (
     ideal_prefix_reuse,
     in_issue_order,
     multi_turn,
-    run_conversations,
     shared_prefix,
 )
 

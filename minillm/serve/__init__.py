@@ -10,6 +10,7 @@
     __main__.py     `minillm serve [MODEL] --port 8000 ...` (python -m minillm.serve)
     client.py       benchmark(): measure any OpenAI-compatible server as vLLM's benchmark does
     datasets.py     the prompt sets a benchmark sends: random, shakespeare, sharegpt
+    conversations.py  run_conversations(): multi-turn chats played against a real LLM
 """
 
 from typing import Any

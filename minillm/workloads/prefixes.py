@@ -4,9 +4,9 @@ what a prefix cache can reuse from them.
 - shared_prefix: every prompt is one of a few system prompts (or few-shot blocks) followed by a
   question of its own; a Workload the simulator (minillm.simulator.simulate) serves, whose specs
   also give the real engine its prompts (spec.token_ids(vocab_size) -> LLM.generate).
-- multi_turn + run_conversations: chats whose turn k+1 prompt is turn k's prompt, turn k's
-  answer and a new user message. The answer comes from the model, so a Conversation holds only
-  what the user types; run_conversations plays the turns against a real LLM.
+- multi_turn: chats whose turn k+1 prompt is turn k's prompt, turn k's answer and a new user
+  message. The answer comes from the model, so a Conversation holds only what the user types;
+  minillm.serve.conversations.run_conversations plays the turns against a real LLM.
 - ideal_prefix_reuse / shared_token_fraction: how many prompt tokens a cache of unlimited size
   could have served, computed exactly from the token ids: the ceiling a measured hit rate is
   compared with.
@@ -16,15 +16,12 @@ Token ids are drawn from [1, vocab_size): id 0 is end-of-sequence in the shipped
 
 from __future__ import annotations
 
-import inspect
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from minillm.request import RequestOutput
-from minillm.sampling import SamplingParams
 from minillm.workloads.streams import (
     Length,
     RequestSpec,
@@ -172,43 +169,10 @@ def multi_turn(num_conversations: int, num_turns: int, first_len: Length, turn_l
             for _ in range(num_conversations)]
 
 
-class TokenPromptLLM(Protocol):
-    """Anything whose generate takes token-id prompts and one SamplingParams each, and returns
-    outputs (with .token_ids) in prompt order, as minillm.LLM.generate does."""
-
-    def generate(self, prompts: list[list[int]], params: list[SamplingParams]
-                 ) -> list[RequestOutput]: ...
-
-
-def run_conversations(llm: TokenPromptLLM, conversations: Sequence[Conversation],
-                      sampling_params: SamplingParams | None = None) -> list[list[RequestOutput]]:
-    """Play every conversation against llm, turn by turn; outputs[c][k] is turn k of chat c.
-
-    Round k sends turn k of every conversation that has one in one generate call, each prompt
-    built from that chat's actual answers so far, so chats share the batch and compete for the
-    cache as users of one server do. sampling_params: used for every turn (its max_tokens rules);
-    None: greedy, ignore_eos, max_tokens each conversation's output_lens[k].
-    """
-    answers: list[list[list[int]]] = [[] for _ in conversations]
-    outputs: list[list[RequestOutput]] = [[] for _ in conversations]
-    quiet = "use_tqdm" in inspect.signature(llm.generate).parameters
-    for k in range(max((c.num_turns for c in conversations), default=0)):
-        active = [i for i, c in enumerate(conversations) if k < c.num_turns]
-        prompts = [conversations[i].prompt(k, answers[i]) for i in active]
-        params = [sampling_params or SamplingParams(
-            max_tokens=conversations[i].output_lens[k], temperature=0.0, ignore_eos=True)
-            for i in active]
-        results = (llm.generate(prompts, params, use_tqdm=False) if quiet
-                   else llm.generate(prompts, params))
-        for i, out in zip(active, results):
-            answers[i].append(list(out.token_ids))
-            outputs[i].append(out)
-    return outputs
-
-
 def in_issue_order(outputs: Sequence[Sequence[RequestOutput]]) -> list[RequestOutput]:
-    """run_conversations' outputs (per chat, per turn) in the order they were sent: turn 0 of
-    every chat, then turn 1, ...; the order ideal_prefix_reuse must see them in."""
+    """run_conversations' outputs (minillm.serve.conversations; per chat, per turn) in the
+    order they were sent: turn 0 of every chat, then turn 1, ...; the order ideal_prefix_reuse
+    must see them in."""
     rounds = max((len(turns) for turns in outputs), default=0)
     return [turns[k] for k in range(rounds) for turns in outputs if k < len(turns)]
 
@@ -245,7 +209,10 @@ class PrefixReuse:
         return self.reusable_blocks / self.queried_blocks if self.queried_blocks else math.nan
 
 
-ReuseItem = RequestSpec | RequestOutput | Sequence[int]
+if TYPE_CHECKING:  # a finished request is read by its fields: workloads sit below the engine
+    from minillm.request import RequestOutput
+
+    ReuseItem = RequestSpec | RequestOutput | Sequence[int]
 
 
 def _prompt_and_left(item: ReuseItem, vocab_size: int | None) -> tuple[list[int], list[int]]:
