@@ -1,6 +1,8 @@
-"""The engine loop: schedule a step, run the model on it, sample, and do the bookkeeping.
+"""The engine: requests in, steps of the model, outputs out.
 
-The device side (weights, K/V pool, graphs, the step's tensors) is the model runner's
+Each step is minillm.step_loop's (schedule, advance, stops, metrics, trace: the bookkeeping
+the simulator shares); the engine executes it by running the model and sampling. The device
+side (weights, K/V pool, graphs, the step's tensors) is the model runner's
 (minillm.model_runner); the engine holds the requests and the scheduler, and decides."""
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from minillm.request import Request, RequestOutput
 from minillm.sampling import Sampler, SamplingParams, check_unicode
 from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from minillm.spec.decoder import SpeculativeDecoder
+from minillm.step_loop import Executed, Logprobs, StepLoop
 from minillm.swap import SwapSpace
 from minillm.tokenizer import IncrementalDetokenizer
-from minillm.trace import StepRecord, step_record
 
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(StepLoop):
     """Owns the scheduler, every request in flight and the model runner that runs their steps.
 
     config must be resolved: num_kv_blocks and max_model_len set (LLM does that). draft_model:
@@ -44,21 +46,21 @@ class Engine:
         self.model, self.tokenizer, self.config, self.clock = model, tokenizer, config, clock
         self.device = model.lm_head.weight.device
         self.runner = ModelRunner(model, tokenizer, config)
-        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
-                                          config.enable_prefix_caching, config.prefix_caching)
+        block_manager = BlockManager(config.num_kv_blocks, config.block_size,
+                                     config.enable_prefix_caching, config.prefix_caching)
         swap_space = (SwapSpace(self.runner.num_swap_blocks)
                       if config.preemption_mode == "swap" else None)
-        self.scheduler = Scheduler(config, self.block_manager, swap_space)
+        super().__init__(config, block_manager, Scheduler(config, block_manager, swap_space),
+                         trace_block_tables=(config.trace_block_tables
+                                             if config.trace_block_tables is not None else
+                                             config.num_kv_blocks <= TRACE_BLOCKS_MAX_POOL),
+                         speculative=config.speculative_config is not None)
         self.spec = None if config.speculative_config is None else SpeculativeDecoder.build(
             config.speculative_config, model, draft_model, config.num_kv_blocks,
             config.block_size, config.attention_backend)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.trace: list[StepRecord] = []
-        self.num_steps = 0  # StepRecord.step: the trace may be trimmed (max_trace_steps)
-        self.trace_block_tables = (config.trace_block_tables if config.trace_block_tables
-                                   is not None else config.num_kv_blocks <= TRACE_BLOCKS_MAX_POOL)
         self.eos_token_ids = self._eos_token_ids()
         self._counter = itertools.count()
         # Set while a server's thread drives the engine (minillm.serve): no other thread may
@@ -184,56 +186,26 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that produced a token in it."""
         self._check_thread()
-        start = self.clock()
-        self.block_manager.step = self.num_steps  # the prefix cache's LRU clock
-        out = self.scheduler.schedule()
-        # The swaps and copy-on-write copies the schedule asked for, before the forward.
-        self.runner.move_blocks(out.swap_out, self.block_manager.take_copies(), out.swap_in)
-        if not out.scheduled:
-            if self.has_unfinished_requests() and not out.preempted:
-                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
-            return []
+        return [RequestOutput.of(req) for req in self.run_step()[0]]
+
+    # ---- the step loop's executor: the model ---------------------------------------------------
+
+    def now(self) -> float:
+        return self.clock()
+
+    def move_blocks(self, out: SchedulerOutput, copies: list[tuple[int, int]]) -> None:
+        self.runner.move_blocks(out.swap_out, copies, out.swap_in)
+
+    def execute(self, out: SchedulerOutput) -> Executed:
+        """The model's forward over the step and its sampling."""
         if self.spec is not None:  # decodes get their proposals; entries shrink to fit them
             self.spec.propose(out)
-        tables = ({s.request.request_id: list(s.request.block_table) for s in out.scheduled}
-                  if self.trace_block_tables else {})  # copied now: finishing frees them
         batch = self.runner.prepare(out.scheduled)
         hidden = self.runner.forward(batch)
-        emitted, logprobs, failed = self._sample(batch, hidden, out)
-        now = self.clock()
-        num_accepted = {s.request.request_id: max(len(t) - 1, 0)
-                        for s, t in zip(batch.sampled, emitted)}
-        for s in out.scheduled:
-            req = s.request
-            # The K/V of rejected proposals were written but do not count: later tokens overwrite
-            # their slots.
-            rejected = len(req.spec_token_ids) - num_accepted.get(req.request_id, 0)
-            req.num_computed_tokens += s.num_tokens - rejected
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = start
-            if not req.spec_token_ids:  # else once its accepted tokens have joined token_ids
-                self.block_manager.cache_full_blocks(req)
-        outputs = []
-        for s, tokens, token_logprobs in zip(batch.sampled, emitted, logprobs):
-            req = s.request
-            error = failed.get(req.request_id)
-            if error is None:
-                try:
-                    self._take_tokens(req, tokens, token_logprobs, now)
-                except Exception as e:  # this request's bookkeeping, not the step's
-                    error = f"{type(e).__name__}: {e}"
-                    log.warning("request %s failed after sampling", req.request_id,
-                                exc_info=True)
-            if error is not None and not req.is_finished:
-                self._fail(req, error, now)
-            req.spec_token_ids = []
-            outputs.append(RequestOutput.of(req))
-        finished = [o.request_id for o in outputs if o.finished]
-        self._record(out, start, now, tables, finished)
-        return outputs
+        return Executed(batch.sampled, *self._sample(batch, hidden, out))
 
     def _sample(self, batch: Batch, hidden: torch.Tensor, out: SchedulerOutput
-                ) -> tuple[list[list[int]], list[list[dict[int, float] | None]], dict[str, str]]:
+                ) -> tuple[list[list[int]], list[list[Logprobs]], dict[str, str]]:
         """Each sampled request's new tokens (one, or under speculative decoding its accepted
         proposals and one more), their logprobs (None where not asked for), and the requests
         whose sampling failed, with why. A failure of the batched call is retried one request
@@ -249,7 +221,7 @@ class Engine:
             log.warning("sampling a batch of %d failed: sampling each request alone",
                         len(batch.sampled), exc_info=True)
         emitted: list[list[int]] = []
-        logprobs: list[list[dict[int, float] | None]] = []
+        logprobs: list[list[Logprobs]] = []
         failed: dict[str, str] = {}
         first = 0
         for s in batch.sampled:
@@ -266,7 +238,7 @@ class Engine:
 
     def _sample_rows(self, logits: torch.Tensor, sampled: list[ScheduledRequest],
                      out: SchedulerOutput
-                     ) -> tuple[list[list[int]], list[list[dict[int, float] | None]]]:
+                     ) -> tuple[list[list[int]], list[list[Logprobs]]]:
         """Sample the rows of logits (1 + proposals per request in sampled, in order)."""
         params = [s.request.params for s in sampled]
         if self.spec is None:
@@ -293,51 +265,20 @@ class Engine:
         at = (torch.tensor(rows, device=logits.device)[:, None], eos[None, :])  # (R, 1), (1, E)
         return logits.index_put(at, torch.tensor(float("-inf"), device=logits.device))
 
-    def _take_tokens(self, req: Request, tokens: list[int],
-                     token_logprobs: list[dict[int, float] | None], now: float) -> None:
-        """Append a request's tokens of this step until one finishes it."""
-        for token, lp in zip(tokens, token_logprobs):
-            self._append_token(req, token, lp, now)
-            if req.finish_reason is not None:
-                break
-        if self.spec is not None and req.finish_reason is None:
-            self.spec.settle(req, self.block_manager)
-
-    def _fail(self, req: Request, error: str, now: float) -> None:
-        """End one request with finish_reason "error" and free its blocks; others go on."""
-        req.finish_reason, req.error = "error", error
-        req.metrics.finished_time = now
-        self._retire(req)
-
     def _retire(self, req: Request) -> None:
         """Free a finished, failed or aborted request's blocks and forget it."""
-        self.scheduler.finish(req)
+        super()._retire(req)
         del self.requests[req.request_id], self.detokenizers[req.request_id]
 
-    def _append_token(self, req: Request, token: int, logprobs: dict[int, float] | None,
-                      now: float) -> None:
-        req.token_ids.append(token)
-        if logprobs is not None:
-            req.output_logprobs.append(logprobs)
-        m = req.metrics
-        m.token_times.append(now)
-        if m.first_token_time is None:
-            m.first_token_time = now
+    def stops(self, req: Request, token: int) -> bool:
+        """Detokenize the new token; past min_tokens, a stop string it completes or an
+        end-of-sequence token (unless ignore_eos) ends the request."""
         old_len = len(req.text)
         req.text += self.detokenizers[req.request_id].step(req.token_ids)
-        may_stop = req.num_output_tokens >= req.params.min_tokens
-        if may_stop and self._hit_stop_string(req, old_len):
-            req.finish_reason = "stop"
-        elif may_stop and token in self.eos_token_ids and not req.params.ignore_eos:
-            req.finish_reason = "stop"
-        elif req.num_output_tokens >= req.params.max_tokens:
-            req.finish_reason = "length"
-        if req.finish_reason is not None:
-            m.finished_time = now
-            if req.spec_token_ids:  # accepted proposals past the stop are not the request's
-                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
-                self.block_manager.cache_full_blocks(req)
-            self._retire(req)
+        if req.num_output_tokens < req.params.min_tokens:
+            return False
+        return self._hit_stop_string(req, old_len) or (
+            token in self.eos_token_ids and not req.params.ignore_eos)
 
     @staticmethod
     def _hit_stop_string(req: Request, old_len: int) -> bool:
@@ -348,16 +289,6 @@ class Engine:
                 req.text = req.text[:at]
                 return True
         return False
-
-    def _record(self, out: SchedulerOutput, start: float, end: float,
-                tables: dict[str, list[int]], finished: list[str]) -> None:
-        """Append the step's StepRecord: O(scheduled requests), plus the block data if traced."""
-        self.trace.append(step_record(self.num_steps, out, start, end, tables, finished,
-                                      self.scheduler, self.trace_block_tables))
-        self.num_steps += 1
-        limit = self.config.max_trace_steps
-        if limit is not None and len(self.trace) >= 2 * limit:
-            del self.trace[:-limit]  # one cut per limit steps: O(1) a step on average
 
     def stats(self) -> dict[str, int]:
         stats = self.scheduler.stats(self.runner.block_bytes)

@@ -1,11 +1,13 @@
-"""The simulated engine: the engine's own Scheduler and BlockManager on a virtual clock, no model.
+"""The simulated engine: the engine's own step loop, Scheduler and BlockManager on a virtual
+clock, no model.
 
-Each step does what Engine.step does around the model (schedule, advance num_computed_tokens,
-register full blocks in the prefix cache, "sample" a token for every request whose known tokens
-are all computed, stop at max_tokens, record metrics and a StepRecord), but instead of running
-a forward pass it moves the clock on by roofline.step_time of the step's batch, as Vidur
-(MLSys '24) does with profiled kernels. The scheduling decisions are therefore exactly the
-engine's, and an H100-scale deployment of Llama-3-8B runs on a laptop CPU in seconds.
+Each step is minillm.step_loop's, the code Engine.step runs (schedule, advance
+num_computed_tokens, register full blocks in the prefix cache, append a token for every request
+whose known tokens are all computed, stop at max_tokens, record metrics and a StepRecord); only
+its executor differs: instead of running a forward pass it moves the clock on by
+roofline.step_time of the step's batch, as Vidur (MLSys '24) does with profiled kernels. The
+scheduling decisions are therefore exactly the engine's, and an H100-scale deployment of
+Llama-3-8B runs on a laptop CPU in seconds.
 
 Sampled tokens are fake but deterministic: a function of the request's tokens so far, like a
 model, so the prefix cache and recompute after preemption behave as in the engine.
@@ -27,8 +29,8 @@ from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from minillm.sim.simulated_pool import block_bytes
 from minillm.spec.cost import with_verified_rows
 from minillm.spec.simulate import SimulatedSpeculation, is_speculative
+from minillm.step_loop import Executed, StepLoop
 from minillm.swap import SwapSpace, num_swap_blocks
-from minillm.trace import StepRecord, step_record
 from minillm.workloads.streams import Arrivals, RequestSpec, Workload
 
 # A step's cost model: (model, hw, entries, dtype_bytes, *StepOverheads.as_tuple()) ->
@@ -45,8 +47,8 @@ def cost_model(step_time: StepTimer | None, layout: parallel.ParallelConfig) -> 
     return parallel.step_timer(layout) if layout.world_size > 1 else roofline.step_time
 
 
-class Simulator:
-    """Engine.step's bookkeeping around a real Scheduler and BlockManager, on a virtual clock."""
+class Simulator(StepLoop):
+    """The engine's step loop around a real Scheduler and BlockManager, on a virtual clock."""
 
     def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
                  dtype_bytes: int = 2, overheads: roofline.StepOverheads | None = None,
@@ -69,8 +71,8 @@ class Simulator:
         self.record_block_tables = record_block_tables
         self.step_time = step_time
         self.speculation = speculation
-        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
-                                          config.enable_prefix_caching, config.prefix_caching)
+        block_manager = BlockManager(config.num_kv_blocks, config.block_size,
+                                     config.enable_prefix_caching, config.prefix_caching)
         # Bytes of a block on one GPU: each swaps its own shard over its own host link.
         self.block_bytes = (block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
                                          speculation.draft if speculation else None)
@@ -80,9 +82,14 @@ class Simulator:
                                 dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes))
         swap_space = (SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
                       if config.preemption_mode == "swap" else None)
-        self.scheduler = Scheduler(config, self.block_manager, swap_space)
+        # The prefix cache's snapshot only for pools up to TRACE_BLOCKS_MAX_POOL blocks (the
+        # engine's default rule): a GPU-sized cache's every step would cost more than the run.
+        super().__init__(config, block_manager, Scheduler(config, block_manager, swap_space),
+                         trace_block_tables=record_block_tables,
+                         trace_prefix_cache=(record_block_tables and
+                                             config.num_kv_blocks <= TRACE_BLOCKS_MAX_POOL),
+                         speculative=speculation is not None)
         self.clock = 0.0  # seconds since the start of the run
-        self.trace: list[StepRecord] = []
 
     def run(self, workload: Workload | Sequence[RequestSpec]) -> list[Request]:
         """Serve every request to completion; the Requests come back in workload order."""
@@ -138,38 +145,36 @@ class Simulator:
 
     def step(self) -> list[Request]:
         """One engine step on the virtual clock; returns the requests that finished in it."""
-        self.block_manager.step = len(self.trace)  # the prefix cache's LRU clock
-        start, out = self.clock, self.scheduler.schedule()
+        return self.run_step()[1]
+
+    # ---- the step loop's executor: a priced step ----------------------------------------------
+
+    def now(self) -> float:
+        return self.clock
+
+    def move_blocks(self, out: SchedulerOutput, copies: list[tuple[int, int]]) -> None:
+        """Swapped blocks cross the host link before the step's kernels may run (minillm.swap).
+        Copy-on-write copies stay on the device, a block each: not priced."""
+        self.clock += (len(out.swap_out) + len(out.swap_in)) * self.block_bytes / self.hw.host_link
+
+    def execute(self, out: SchedulerOutput) -> Executed:
+        """Move the clock on by the step's price; every request whose known tokens are all
+        computed gets stand-in tokens (a speculative decode: its accepted proposals and one)."""
         scheduled = out.scheduled
-        # Swapped blocks cross the host link before the step's kernels may run (minillm.swap).
-        swap_time = (len(out.swap_out) + len(out.swap_in)) * self.block_bytes / self.hw.host_link
-        if not scheduled:  # a step that only preempted, as Engine.step allows
-            if self.scheduler.has_unfinished_requests() and not out.preempted:
-                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
-            self.clock += swap_time
-            return []
-        tables = ({s.request.request_id: list(s.request.block_table) for s in scheduled}
-                  if self.record_block_tables else {})
         batch = [(s.num_tokens, s.num_computed_tokens + s.num_tokens) for s in scheduled]
-        end = self.clock = start + swap_time + self._price(self.model, batch, scheduled)
-        bm = self.block_manager
+        self.clock += self._price(self.model, batch, scheduled)
+        sampled, tokens = [], []
         for s in scheduled:
             req = s.request
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = start
-            if not is_speculative(s):  # a speculative decode advances by what is accepted
-                req.num_computed_tokens += s.num_tokens
-                bm.cache_full_blocks(req)
-        finished = []
-        for s in scheduled:  # all known tokens computed: the last one's "logits" give the next
             if is_speculative(s):
-                if self._verify(s, out, end):
-                    finished.append(s.request)
-            elif s.request.num_computed_tokens == len(s.request.token_ids) and \
-                    self._append_token(s.request, end):
-                finished.append(s.request)
-        self._record(out, start, end, tables, finished)
-        return finished
+                emitted = 1 + self._accept(s, out)
+            elif s.num_computed_tokens + s.num_tokens == len(req.token_ids):
+                emitted = 1
+            else:
+                continue  # mid-prefill
+            sampled.append(s)
+            tokens.append(self._stand_in_tokens(req.token_ids, emitted))
+        return Executed(sampled, tokens)
 
     def _price(self, model: ModelConfig, batch: list[tuple[int, int]],
                 scheduled: Sequence[ScheduledRequest] = ()) -> float:
@@ -184,49 +189,29 @@ class Simulator:
         return (with_verified_rows(cost, model, self.hw, proposed).time
                 + self.speculation.draft_time(scheduled, self._price))
 
-    def _verify(self, s: ScheduledRequest, out: SchedulerOutput, now: float) -> bool:
-        """A speculative decode's outcome: j of its num_tokens - 1 proposals accepted, so its
-        last token and those j are computed and 1 + j tokens appended (the accepted ones and
-        the target's own); the blocks reserved past them go back. True if req finished."""
+    def _accept(self, s: ScheduledRequest, out: SchedulerOutput) -> int:
+        """How many of a speculative decode's num_tokens - 1 proposals are accepted (drawn);
+        the proposals sit in spec_token_ids as the engine's do, for the step loop to count."""
         assert self.speculation is not None  # Simulator.__init__ checks it
-        req, accepted = s.request, self.speculation.accept(s.num_tokens - 1)
-        out.num_draft_tokens += s.num_tokens - 1
+        proposed = s.num_tokens - 1
+        accepted = self.speculation.accept(proposed)
+        out.num_draft_tokens += proposed
         out.num_accepted_tokens += accepted
-        req.num_computed_tokens += 1 + accepted
-        for _ in range(1 + accepted):  # the scheduler proposes no more than max_tokens allows
-            self._add_token(req, now)
-        self.block_manager.cache_full_blocks(req)
-        self.block_manager.trim(req, req.num_tokens)
-        return self._finish_if_done(req, now)
+        s.request.spec_token_ids = [0] * proposed  # their values are never read
+        return accepted
 
-    def _record(self, out: SchedulerOutput, start: float, end: float,
-                tables: dict[str, list[int]], finished: list[Request]) -> None:
-        """The step's StepRecord, as Engine._record writes it (block data only if recorded)."""
-        self.trace.append(step_record(
-            len(self.trace), out, start, end, tables, [r.request_id for r in finished],
-            self.scheduler, self.record_block_tables,
-            self.record_block_tables and self.block_manager.num_blocks <= TRACE_BLOCKS_MAX_POOL))
-
-    def _append_token(self, req: Request, now: float) -> bool:
-        """Append a fake token produced at now; True if req is done (finished and freed)."""
-        self._add_token(req, now)
-        return self._finish_if_done(req, now)
-
-    def _add_token(self, req: Request, now: float) -> None:
-        tokens = req.token_ids
-        tokens.append((tokens[-1] * 31 + len(tokens)) % self.model.vocab_size)
-        m = req.metrics
-        m.token_times.append(now)
-        if m.first_token_time is None:
-            m.first_token_time = now
-
-    def _finish_if_done(self, req: Request, now: float) -> bool:
-        """At max_tokens, finish req and free its blocks; True if it finished."""
-        if len(req.token_ids) - len(req.prompt_token_ids) < req.params.max_tokens:
-            return False
-        req.finish_reason, req.metrics.finished_time = "length", now
-        self.scheduler.finish(req)
-        return True
+    def _stand_in_tokens(self, token_ids: list[int], n: int) -> list[int]:
+        """n fake tokens after token_ids, each a function of the sequence so far like a model's,
+        so the prefix cache and recompute after preemption behave as in the engine."""
+        length, vocab = len(token_ids), self.model.vocab_size
+        if n == 1:  # the usual case, kept quick: a simulation appends millions
+            return [(token_ids[-1] * 31 + length) % vocab]
+        tokens, last = [], token_ids[-1]
+        for _ in range(n):
+            last = (last * 31 + length) % vocab
+            tokens.append(last)
+            length += 1
+        return tokens
 
     def stats(self) -> dict[str, int]:
         """The same counters as LLM.stats(); spec_decode_* too under speculative decoding."""

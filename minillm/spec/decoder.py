@@ -5,7 +5,7 @@ The scheduler has already reserved 1 + k tokens (budget and KV slots) for each d
 the draft model) in request.spec_token_ids, and its entry shrinks to 1 + what was proposed. The
 target then runs one forward over every request's rows - prefill chunks, plain decodes and
 [last token, d_1..d_k] alike - and verify keeps each request's accepted proposals plus one token.
-The engine does the rest: num_computed_tokens counts only the accepted tokens' K/V (the rejected
+The step loop (minillm.step_loop) does the rest: num_computed_tokens counts only the accepted tokens' K/V (the rejected
 ones' slots are simply written over later) and the unused lookahead blocks go back to the pool.
 """
 
@@ -15,9 +15,7 @@ import dataclasses
 
 import torch
 
-from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
-from minillm.request import Request
 from minillm.sampling import Sampler
 from minillm.scheduler import ScheduledRequest, SchedulerOutput
 from minillm.spec.config import SpeculativeConfig
@@ -122,15 +120,6 @@ class SpeculativeDecoder:
             out.append(per_row[i:i + len(tokens)])
             i += len(tokens)
         return out
-
-    @staticmethod
-    def settle(req: Request, block_manager: BlockManager) -> None:
-        """After a step that may have proposed for req (still running): register its newly full
-        blocks (its accepted tokens are in token_ids now), give back the lookahead blocks its
-        tokens do not reach, and keep the draft's cache count within what was accepted."""
-        block_manager.cache_full_blocks(req)
-        block_manager.trim(req, req.num_tokens)
-        req.num_draft_computed = min(req.num_draft_computed, req.num_computed_tokens)
 
     @property
     def acceptance_rate(self) -> float:
