@@ -23,6 +23,7 @@ from minillm.plan.calibration import (
     calibrate,
     fit_overheads,
     phase_weights,
+    simulate_like,
     step_terms,
 )
 from minillm.serve.real_run import run_real
@@ -116,6 +117,28 @@ def test_phase_weights_give_each_phase_the_same_total_weight() -> None:
     trace = [record(("decode", 1, 9))] * 6 + [record(("prefill", 8, 0))] * 2
     weights = phase_weights(trace)
     assert sum(weights[:6]) == pytest.approx(sum(weights[6:])) == pytest.approx(1.0)
+
+
+def test_the_real_run_drives_a_closed_loop_as_the_simulator_does() -> None:
+    """One driver (Arrivals) for both: two clients, so the first two requests are sent at 0 s
+    and each next one the moment a request finishes; never more than two in flight, and the
+    schedule step for step is the simulator's."""
+    llm = LLM(device="cpu", dtype="float32", max_num_seqs=4)
+    work = workload.closed_loop(5, 2, 12, (2, 6), seed=4)
+    run = run_real(llm, work)
+    metrics = [r.metrics for r in run.requests]
+    start = metrics[0].arrival_time
+    assert [m.arrival_time - start for m in metrics[:2]] == [0.0, 0.0]
+    finish_times = sorted(m.finished_time for m in metrics)
+    for i, m in enumerate(metrics[2:]):  # sent as the i-th request finished
+        assert m.arrival_time == finish_times[i]
+    assert all(len(r.scheduled) + r.num_waiting <= 2 for r in run.trace)
+    sim = simulate_like(llm, work, roofline.get_hardware("H100-SXM"), 4)
+
+    def schedule(trace: list[StepRecord]) -> list[list[tuple[str, str, int]]]:
+        return [[(e.request_id, e.phase, e.num_tokens) for e in r.scheduled] for r in trace]
+
+    assert schedule(sim.trace) == schedule(run.trace)
 
 
 def test_the_cpu_clock_skips_idle_time_and_stamps_requests_on_thread_time() -> None:

@@ -13,7 +13,6 @@ a thread waiting for the GPU is not running.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -23,7 +22,7 @@ from minillm.llm import LLM
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 from minillm.trace import StepRecord
-from minillm.workloads.streams import Workload
+from minillm.workloads.streams import Arrivals, Workload
 
 Clock = Literal["wall", "cpu"]
 
@@ -54,11 +53,9 @@ class RealRun:
 
 
 def run_real(llm: LLM, workload: Workload, clock: Clock = "wall") -> RealRun:
-    """Serve an open-loop workload on the real engine, queueing each request once its arrival
-    time (seconds from the start) has passed on the clock ("wall" or "cpu", see the module)."""
-    if workload.concurrency is not None:
-        raise ValueError("calibration runs open-loop workloads; got a closed loop of "
-                         f"concurrency {workload.concurrency}")
+    """Serve a workload on the real engine, queueing each request when Arrivals sends it (an
+    open loop's once its arrival time, seconds from the start, has passed on the clock, "wall"
+    or "cpu", see the module; a closed loop's when a client's last request finished)."""
     engine, vocab = llm.engine, llm.model.config.vocab_size
     cpu = CpuClock() if clock == "cpu" else None
     now: Callable[[], float] = cpu or time.perf_counter
@@ -71,25 +68,28 @@ def run_real(llm: LLM, workload: Workload, clock: Clock = "wall") -> RealRun:
 
 def _serve(engine: Engine, workload: Workload, vocab: int, now: Callable[[], float],
            cpu: CpuClock | None) -> RealRun:
-    pending = deque(sorted(workload, key=lambda spec: spec.arrival_time))
-    requests: list[Request] = []
+    arrivals = Arrivals(workload)
+    requests: list[Request | None] = [None] * len(workload)
     step_times: list[float] = []
     first, start = len(engine.trace), now()
-    while pending or engine.has_unfinished_requests():
+    while arrivals or engine.has_unfinished_requests():
         elapsed = now() - start
-        while pending and pending[0].arrival_time <= elapsed:
-            spec = pending.popleft()
+        while arrivals and arrivals.next_time() <= elapsed:
+            sent, i = arrivals.pop()
+            spec = workload[i]
             params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
             request_id = engine.add_request(spec.token_ids(vocab), params,
-                                            arrival_time=start + spec.arrival_time)
-            requests.append(engine.requests[request_id])
+                                            arrival_time=start + sent)
+            requests[i] = engine.requests[request_id]
         if engine.has_unfinished_requests():
             steps, before = len(engine.trace), now()
-            engine.step()
+            for out in engine.step():
+                if out.finished:  # a closed loop's client sends its next request
+                    arrivals.finished(out.metrics.finished_time - start)
             if len(engine.trace) > steps:  # a step that only preempts leaves no record
                 step_times.append(now() - before)
         elif cpu is not None:  # idle on the CPU clock: jump to the next arrival
-            cpu.skip(pending[0].arrival_time - elapsed)
+            cpu.skip(arrivals.next_time() - elapsed)
         else:
-            time.sleep(pending[0].arrival_time - elapsed)
-    return RealRun(requests, engine.trace[first:], step_times)
+            time.sleep(max(arrivals.next_time() - elapsed, 0.0))
+    return RealRun(requests, engine.trace[first:], step_times)  # type: ignore[arg-type]

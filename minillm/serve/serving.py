@@ -3,9 +3,11 @@
 An open-loop workload is replayed on the wall clock: a request enters the engine once its
 arrival time has passed, and its TTFT counts from that arrival time, so time spent waiting for
 a busy step is queueing the client really sees. A closed loop keeps `concurrency` requests in
-flight and sends the next one the moment one finishes. Outputs have exact lengths
-(temperature 0, ignore_eos), and the figures are those of vLLM's serving benchmark: request and
-token throughput, TTFT, TPOT, ITL and E2E percentiles, and goodput under an SLO.
+flight and sends the next one the moment one finishes. Both are minillm.workloads.Arrivals, the
+driver the simulator, the fleet and disaggregated serving release their requests with too.
+Outputs have exact lengths (temperature 0, ignore_eos), and the figures are those of vLLM's
+serving benchmark: request and token throughput, TTFT, TPOT, ITL and E2E percentiles, and
+goodput under an SLO.
 
 The result is a ServingResult (minillm/serve/serving_result.py), the same report type the benchmark
 client over HTTP (minillm.serve.client) gives. python -m minillm.bench serve
@@ -32,7 +34,7 @@ from minillm.serve.serving_result import (
     json_safe,
     parse_slo,
 )
-from minillm.workloads.streams import Workload
+from minillm.workloads.streams import Arrivals, Workload
 
 __all__ = [  # the report type and its helpers are re-exported: chapters import them from here
     "DEFAULT_PERCENTILES", "PERCENTILE_METRICS", "REPORT_ROWS", "SECTIONS", "SLO_METRICS",
@@ -74,45 +76,26 @@ class _Replay:
         return done
 
     def run(self) -> list[RequestOutput]:
-        self.start = self.engine.clock()
+        """Send each request when Arrivals says (an open loop's at its arrival time, a closed
+        loop's the moment a client's last request finished); sleep while nothing runs."""
+        self.start = start = self.engine.clock()
+        arrivals = Arrivals(self.workload)
         try:
-            if self.workload.is_closed_loop:
-                self.run_closed()
-            else:
-                self.run_open()
+            while arrivals or self.in_flight:
+                elapsed = self.engine.clock() - start
+                while arrivals and arrivals.next_time() <= elapsed:
+                    sent, i = arrivals.pop()
+                    self.issue(i, start + sent)
+                if self.in_flight:
+                    for done in self.step():
+                        assert done.metrics.finished_time is not None
+                        arrivals.finished(done.metrics.finished_time - start)
+                elif arrivals:
+                    time.sleep(max(arrivals.next_time() - elapsed, 0.0))
         finally:  # after an error: free what this run still holds
             for request_id in self.in_flight:
                 self.engine.abort_request(request_id)
         return [self.outputs[str(i)] for i in range(len(self.workload))]
-
-    def run_open(self) -> None:
-        """Admit each request once its arrival time has passed; sleep while nothing runs."""
-        order = sorted(range(len(self.workload)), key=lambda i: self.workload[i].arrival_time)
-        arrivals = [self.start + self.workload[i].arrival_time for i in order]
-        nxt = 0
-        while nxt < len(order) or self.in_flight:
-            now = self.engine.clock()
-            while nxt < len(order) and arrivals[nxt] <= now:
-                self.issue(order[nxt], arrivals[nxt])
-                nxt += 1
-            if self.in_flight:
-                self.step()
-            elif nxt < len(order):
-                time.sleep(max(arrivals[nxt] - now, 0.0))
-
-    def run_closed(self) -> None:
-        """Start `concurrency` requests; issue the next one the moment any finishes."""
-        assert self.workload.concurrency is not None
-        nxt = min(self.workload.concurrency, len(self.workload))
-        for i in range(nxt):
-            self.issue(i, self.start)
-        while self.in_flight:
-            for done in self.step():
-                finished = done.metrics.finished_time
-                assert finished is not None
-                if nxt < len(self.workload):
-                    self.issue(nxt, finished)  # the client sends its next request at once
-                    nxt += 1
 
 
 def warm_up(llm: LLM) -> None:

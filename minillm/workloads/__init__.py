@@ -2,7 +2,7 @@
 
     streams.py   RequestSpec and Workload; Poisson (open loop), closed loop, bursty and
                  shared-prefix streams; length distributions; Arrivals, the one arrival loop of
-                 the simulator, the fleet, disaggregation and the real runs
+                 the simulator, the fleet, disaggregation, the replay and the real run
     prefixes.py  shared-prefix and multi-turn workloads with explicit token ids, and the ceiling
                  an ideal prefix cache reaches on them
 

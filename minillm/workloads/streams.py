@@ -247,7 +247,8 @@ class Arrivals:
     """When a simulation sends each request of a workload, as a heap of (time, index): an open
     loop's at their arrival_time; a closed loop's first `concurrency` at 0 s, and each next one
     the moment a request finishes (finished). A plain list of specs is an open loop. The one
-    driver of the simulator, the fleet and disaggregated serving."""
+    driver of the simulator, the fleet, disaggregated serving, the in-process replay
+    (minillm.serve.serving) and the real run of calibration (minillm.serve.real_run)."""
 
     def __init__(self, workload: Sequence[RequestSpec]):
         self.workload = workload
