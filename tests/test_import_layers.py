@@ -33,8 +33,9 @@ LAYERS: list[tuple[str, list[str]]] = [
         "minillm.tokenizer", "minillm.kv_cache", "minillm.prefix_cache", "minillm.prefix_cache.*",
         "minillm.waiting_queue", "minillm.scheduler", "minillm.swap", "minillm.batch",
         "minillm.layers", "minillm.layers.*", "minillm.model", "minillm.cuda_graph",
-        "minillm.model_runner", "minillm.step_loop", "minillm.engine", "minillm.llm", "minillm.quality",
-        "minillm.attention", "minillm.attention.*", "minillm.quant.*", "minillm.spec.*"]),
+        "minillm.model_runner", "minillm.step_loop", "minillm.engine", "minillm.llm",
+        "minillm.quality", "minillm.attention", "minillm.attention.*", "minillm.quant.*",
+        "minillm.spec.*"]),
     ("simulator and fleet: the scheduler on a virtual clock", ["minillm.sim", "minillm.sim.*"]),
     ("serving: the engine run on workloads in real time", ["minillm.serve", "minillm.serve.*"]),
     ("deployment planning: recipe, disaggregation, failure modes, diagnosis, calibration", [

@@ -7,6 +7,7 @@
     router.py            routers: round robin, prefix-aware with a load bound, or your own
     fleet.py             N replicas behind a router on one virtual clock: simulate_fleet()
     kv_handover.py       the decode replica that takes in prompt K/V computed elsewhere
+    two_pools.py         disaggregation's run loop: prefill and decode pools, the K/V link
 
 Every number these produce is modelled (the roofline's prices), never measured. Short names:
 minillm.simulator is minillm.sim.simulator, and so on. A namespace: imports none of them.

@@ -5,8 +5,9 @@ The scheduler has already reserved 1 + k tokens (budget and KV slots) for each d
 the draft model) in request.spec_token_ids, and its entry shrinks to 1 + what was proposed. The
 target then runs one forward over every request's rows - prefill chunks, plain decodes and
 [last token, d_1..d_k] alike - and verify keeps each request's accepted proposals plus one token.
-The step loop (minillm.step_loop) does the rest: num_computed_tokens counts only the accepted tokens' K/V (the rejected
-ones' slots are simply written over later) and the unused lookahead blocks go back to the pool.
+The step loop (minillm.step_loop) does the rest: num_computed_tokens counts only the accepted
+tokens' K/V (the rejected ones' slots are simply written over later) and the unused lookahead
+blocks go back to the pool.
 """
 
 from __future__ import annotations
