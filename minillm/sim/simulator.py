@@ -7,9 +7,10 @@ otherwise one Simulator steps the workload. Simulator and StepTimer are importab
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from minillm.calc import models, parallel, roofline
 from minillm.config import EngineConfig
 from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
-from minillm.request import RequestOutput
+from minillm.request import Request, RequestOutput
 from minillm.scheduler import AdmissionPolicy
 from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model
 from minillm.sim.simulated_pool import resolve_config
@@ -79,66 +80,77 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     step_time: the cost model that prices each step, called as roofline.step_time is (swap in
     your own to see what it does to TTFT and TPOT); None: the roofline's (on several GPUs,
     parallel_step_time's).
-    record_block_tables=False leaves StepRecord.block_tables and cached_blocks empty, which saves
-    time and memory on runs of thousands of requests. With prefix caching, StepRecord.prefix_cache
-    is recorded too, for pools up to TRACE_BLOCKS_MAX_POOL blocks (the engine's default rule): a
-    snapshot of a GPU-sized cache every step would cost more than the simulation.
+    record_block_tables=False leaves StepRecord.block_tables, cached_blocks and prefix_cache
+    empty, which saves time and memory on runs of thousands of requests (see Simulator).
     Speculative decoding: speculative_config={"method": "ngram", "num_speculative_tokens": k}
     (an engine kwarg) with acceptance_rate, the chance that each proposed token is accepted
     (drawn i.i.d., seeded by seed=); method "draft_model" prices draft_model's forwards too
     (a name or ModelConfig; default: the config of speculative_config's "model" folder). See
     minillm.spec.simulate; stats() then adds the spec_decode_* counters.
     tensor_parallel_size, pipeline_parallel_size: serve on t x p GPUs of hw (vLLM's names;
-    minillm.parallel): the pool is what each GPU's memory holds of its shard of the weights
-    and K/V, and each step is priced by parallel_step_time (all-reduces on hw's links). Under
-    PP, p virtual engines (each with 1/p of the pool) keep p batches in flight through the
-    stages, as vLLM does (minillm.virtual_engines); the trace holds every engine's steps in
-    order of start, and the stats are their sums. With a step_time of your own, used as given,
-    the engine runs one step at a time. Not with speculative decoding.
+    minillm.parallel): each GPU holds its shard of the weights and K/V, each step is priced by
+    parallel_step_time (all-reduces on hw's links); under PP, p virtual engines keep p batches
+    in flight (minillm.virtual_engines; with a step_time of your own, one step at a time).
+    Not with speculative decoding.
     admission_policy: Scheduler.admission_policy, a rule of one's own asked before each waiting
     request is admitted (minillm.scheduler); not under pipeline parallelism.
     """
-    mc = models.as_config(model)
-    hardware = roofline.get_hardware(hw)
-    step_overheads = roofline.StepOverheads.of(overheads)
+    mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     layout = parallel.ParallelConfig(tensor_parallel_size, pipeline_parallel_size).check(mc)
     engine_kwargs, speculation = split_speculation(engine_kwargs, acceptance_rate, draft_model,
                                                    engine_kwargs.get("seed", 0))
-    if layout.world_size > 1 and speculation is not None:
-        raise ValueError("speculative decoding is not modelled on several GPUs; use "
-                         "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
     pipelined = layout.pipeline_parallel_size > 1 and step_time is None
-    if pipelined and admission_policy is not None:
-        raise ValueError("admission_policy is not plumbed into pipeline-parallel virtual "
-                         "engines; use pipeline_parallel_size=1 with it")
-    step_time = cost_model(step_time, layout)
+    _check_combination(layout, speculation, pipelined, admission_policy)
     draft = speculation.draft if speculation else None
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
                             kv_dtype_bytes, draft, layout)
+    overheads = roofline.StepOverheads.of(overheads)
 
     def make_engine(engine_config: EngineConfig, timer: StepTimer) -> Simulator:
-        return Simulator(mc, hardware, engine_config, dtype_bytes, step_overheads,
+        return Simulator(mc, hardware, engine_config, dtype_bytes, overheads,
                          record_block_tables, timer, kv_dtype_bytes=kv_dtype_bytes,
                          speculation=speculation, layout=layout)
 
-    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
-    gc.disable()  # millions of small objects and no cycles: collections would only rescan them
-    try:
-        if pipelined:  # p batches in flight, one per virtual engine
-            requests, trace, stats = run_pipelined(mc, hardware, config, layout, workload,
-                                                      make_engine)
-        else:
-            sim = make_engine(config, step_time)
-            sim.scheduler.admission_policy = admission_policy
-            requests = sim.run(workload)
-            trace, stats = sim.trace, sim.stats()
+    start = time.perf_counter()
+    with _no_gc():  # millions of small objects and no cycles: collections would only rescan
+        requests, trace, stats = (  # under PP, p batches in flight, one per virtual engine
+            run_pipelined(mc, hardware, config, layout, workload, make_engine) if pipelined else
+            _run(make_engine(config, cost_model(step_time, layout)), workload, admission_policy))
         outputs = [RequestOutput.of(r) for r in requests]
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return SimulationResult(outputs, trace, stats, config, mc, hardware,
                             wall_time=time.perf_counter() - start,
                             draft_model=draft, layout=layout)
+
+
+def _run(sim: Simulator, workload: Workload | Sequence[RequestSpec],
+         admission_policy: AdmissionPolicy | None
+         ) -> tuple[list[Request], list[StepRecord], dict[str, int]]:
+    """One simulated engine serves the workload: its requests, trace and stats."""
+    sim.scheduler.admission_policy = admission_policy
+    return sim.run(workload), sim.trace, sim.stats()
+
+
+def _check_combination(layout: parallel.ParallelConfig, speculation: object, pipelined: bool,
+                       admission_policy: AdmissionPolicy | None) -> None:
+    """Refuse the options simulate cannot combine, naming what to change."""
+    if layout.world_size > 1 and speculation is not None:
+        raise ValueError("speculative decoding is not modelled on several GPUs; use "
+                         "tensor_parallel_size=1 and pipeline_parallel_size=1 with it")
+    if pipelined and admission_policy is not None:
+        raise ValueError("admission_policy is not plumbed into pipeline-parallel virtual "
+                         "engines; use pipeline_parallel_size=1 with it")
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The garbage collector off inside, back to how it was after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def goodput_curve(model: str | ModelConfig, hw: str | roofline.Hardware, rates: Sequence[float],
