@@ -39,7 +39,6 @@ module sizes and builds the pools, and reports.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,7 +53,7 @@ from minillm.plan import recipe
 from minillm.request import RequestOutput
 from minillm.sim.fleet import FleetResult, simulate_fleet
 from minillm.sim.kv_handover import DecodeReplica
-from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model
+from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model, no_gc
 from minillm.sim.simulated_pool import resolve_config
 from minillm.sim.two_pools import KVTransfer, TwoPools
 from minillm.workloads.streams import RequestSpec, Workload
@@ -175,14 +174,10 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
     lanes = min(prefill_layout.world_size, decode_layout.world_size)
     wire = Link(f"{lanes} x {link.name}", link.bandwidth * lanes, link.latency)
     per_token = sizing.kv_bytes_per_token(mc, kv_dtype_bytes or dtype_bytes)
-    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
-    gc.disable()  # as in simulate: many small objects and no cycles
-    try:
+    start = time.perf_counter()
+    with no_gc():
         pools = TwoPools(prefill, decode, wire, per_token, first_token_from == "decode")
         outputs = pools.run(workload)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return DisaggregatedResult(outputs, pools.transfers, prefill_gpus, decode_gpus, link,
                                prefill_layout, decode_layout, prefill[0].config,
                                decode[0].config,

@@ -22,7 +22,6 @@ replica and never reads a cache; or any callable router(spec, replicas) -> repli
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -43,7 +42,7 @@ from minillm.sim.router import (
     RoutingName,
     make_router,
 )
-from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model
+from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model, no_gc
 from minillm.sim.simulated_pool import resolve_config
 from minillm.trace import StepRecord
 from minillm.workloads.prefixes import TokenRequestSpec
@@ -190,13 +189,9 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
             for _ in range(num_replicas)]
     for i, spec in enumerate(workload):
         sims[0].check_fits(i, spec)
-    start, gc_was_enabled = time.perf_counter(), gc.isenabled()
-    gc.disable()  # as in simulate: many small objects and no cycles
-    try:
+    start = time.perf_counter()
+    with no_gc():
         requests, assignment = Fleet(sims, router).run(workload)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     outputs = [RequestOutput.of(r) for r in requests]
     replicas = [ReplicaResult(k, [o for o, a in zip(outputs, assignment) if a == k],
                               sim.stats(), sim.trace) for k, sim in enumerate(sims)]

@@ -17,7 +17,9 @@ decode's proposals (minillm.spec.simulate), and the step pays for verifying them
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Sequence
 
 from minillm.calc import parallel, roofline
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
@@ -45,6 +47,19 @@ def cost_model(step_time: StepTimer | None, layout: parallel.ParallelConfig) -> 
     if step_time is not None:
         return step_time
     return parallel.step_timer(layout) if layout.world_size > 1 else roofline.step_time
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """The garbage collector off inside, as it was after: a simulation makes millions of small
+    objects and no cycles, so collections would only rescan them."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class Simulator(StepLoop):

@@ -7,10 +7,8 @@ otherwise one Simulator steps the workload. Simulator and StepTimer are importab
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +18,7 @@ from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
 from minillm.scheduler import AdmissionPolicy
-from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model
+from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model, no_gc
 from minillm.sim.simulated_pool import resolve_config
 from minillm.sim.virtual_engines import run_pipelined
 from minillm.spec.simulate import split_speculation
@@ -112,7 +110,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
                          speculation=speculation, layout=layout)
 
     start = time.perf_counter()
-    with _no_gc():  # millions of small objects and no cycles: collections would only rescan
+    with no_gc():  # millions of small objects and no cycles: collections would only rescan
         requests, trace, stats = (  # under PP, p batches in flight, one per virtual engine
             run_pipelined(mc, hardware, config, layout, workload, make_engine) if pipelined else
             _run(make_engine(config, cost_model(step_time, layout)), workload, admission_policy))
@@ -139,18 +137,6 @@ def _check_combination(layout: parallel.ParallelConfig, speculation: object, pip
     if pipelined and admission_policy is not None:
         raise ValueError("admission_policy is not plumbed into pipeline-parallel virtual "
                          "engines; use pipeline_parallel_size=1 with it")
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """The garbage collector off inside, back to how it was after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def goodput_curve(model: str | ModelConfig, hw: str | roofline.Hardware, rates: Sequence[float],
