@@ -22,15 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minillm.workloads.streams import (
-    Length,
-    RequestSpec,
-    Workload,
-    _check_int,
-    _check_rate,
-    arrival_times,
-    as_distribution,
-)
+from minillm.workloads.lengths import Length, as_distribution, check_int
+from minillm.workloads.streams import RequestSpec, Workload, _check_rate, arrival_times
 
 
 @dataclass(frozen=True)
@@ -52,7 +45,7 @@ class TokenRequestSpec(RequestSpec):
 
     def token_ids(self, vocab_size: int) -> list[int]:
         """The prompt's ids; raises ValueError if one is outside the model's [0, vocab_size)."""
-        _check_int(vocab_size, "vocab_size", minimum=2)
+        check_int(vocab_size, "vocab_size", minimum=2)
         if min(self.prompt_ids) < 0 or max(self.prompt_ids) >= vocab_size:
             raise ValueError(f"the prompt holds token ids up to {max(self.prompt_ids)} but the "
                              f"model's vocab_size is {vocab_size}; build the workload with "
@@ -89,10 +82,10 @@ def shared_prefix(num_requests: int, num_prefixes: int, prefix_len: int, suffix_
     Unlike minillm.workload.shared_prefix, the ids are explicit (so shared_token_fraction and
     the real engine see them) and the choice of prefix may be skewed.
     """
-    _check_int(num_requests, "num_requests")
-    _check_int(num_prefixes, "num_prefixes")
-    _check_int(prefix_len, "prefix_len")
-    _check_int(vocab_size, "vocab_size", minimum=2)
+    check_int(num_requests, "num_requests")
+    check_int(num_prefixes, "num_prefixes")
+    check_int(prefix_len, "prefix_len")
+    check_int(vocab_size, "vocab_size", minimum=2)
     rate = _check_rate(rate)
     suffix = as_distribution(suffix_len, "suffix_len")
     output = as_distribution(output_len, "output_len")
@@ -153,10 +146,10 @@ def multi_turn(num_conversations: int, num_turns: int, first_len: Length, turn_l
     (the same tokens in all; 0: none). Lengths are as in minillm.workload; ids in
     [1, vocab_size).
     """
-    _check_int(num_conversations, "num_conversations")
-    _check_int(num_turns, "num_turns")
-    _check_int(vocab_size, "vocab_size", minimum=2)
-    _check_int(system_prompt_len, "system_prompt_len", minimum=0)
+    check_int(num_conversations, "num_conversations")
+    check_int(num_turns, "num_turns")
+    check_int(vocab_size, "vocab_size", minimum=2)
+    check_int(system_prompt_len, "system_prompt_len", minimum=0)
     first, turn, output = (as_distribution(first_len, "first_len"),
                            as_distribution(turn_len, "turn_len"),
                            as_distribution(output_len, "output_len"))
@@ -245,7 +238,7 @@ def ideal_prefix_reuse(requests: Sequence[ReuseItem], block_size: int = 1, *,
     its ids), a prompt as token ids, or a RequestOutput (a finished turn: its prompt and its
     answer but the last token stay cached, which is what multi-turn chat reuses).
     """
-    _check_int(block_size, "block_size")
+    check_int(block_size, "block_size")
     trie: dict[int, dict] = {}  # token -> the trie of what followed it
     prompt_tokens = queried_tokens = reusable = queried = 0
     for item in requests:

@@ -10,7 +10,8 @@ A Workload is a list of RequestSpec plus how it is driven:
   the offered load falls as the server slows down.
 
 A length argument is an int (fixed), a (lo, hi) tuple (uniform integers, inclusive) or a
-distribution object from this module (Uniform, LogNormal, Choice, Mixture). Everything is
+distribution object (Uniform, LogNormal, Choice, Mixture: minillm.workloads.lengths, importable
+from here too). Everything is
 seeded: the same arguments give the same workload.
 """
 
@@ -21,134 +22,16 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
-
-@runtime_checkable
-class LengthDistribution(Protocol):
-    """Anything that draws a length in tokens from a random.Random."""
-
-    def sample(self, rng: random.Random) -> int: ...
-
-
-Length = int | tuple[int, int] | LengthDistribution
-
-
-def _check_int(value: object, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """Always n tokens."""
-
-    n: int
-
-    def __post_init__(self) -> None:
-        _check_int(self.n, "Fixed length n")
-
-    def sample(self, rng: random.Random) -> int:
-        return self.n
-
-
-@dataclass(frozen=True)
-class Uniform:
-    """Uniform integers in [lo, hi], both inclusive; median (lo + hi) / 2."""
-
-    lo: int
-    hi: int
-
-    def __post_init__(self) -> None:
-        _check_int(self.lo, "Uniform lo")
-        if _check_int(self.hi, "Uniform hi") < self.lo:
-            raise ValueError(f"Uniform needs lo <= hi, got lo={self.lo!r}, hi={self.hi!r}")
-
-    def sample(self, rng: random.Random) -> int:
-        return rng.randint(self.lo, self.hi)
-
-
-@dataclass(frozen=True)
-class LogNormal:
-    """Lengths whose log is normal: median tokens, sigma the spread of the log (0.5 ~ x1.65).
-
-    Real prompt and output lengths are right-skewed like this. Draws are rounded and clipped to
-    [lo, hi] (hi None: no upper bound); clipping keeps the median when lo <= median <= hi.
-    """
-
-    median: float
-    sigma: float
-    lo: int = 1
-    hi: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.median, (int, float)) and math.isfinite(self.median)
-                and self.median > 0):
-            raise ValueError(f"LogNormal median must be a positive number, got {self.median!r}")
-        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma)
-                and self.sigma >= 0):
-            raise ValueError(f"LogNormal sigma must be a number >= 0, got {self.sigma!r}")
-        _check_int(self.lo, "LogNormal lo")
-        if self.hi is not None and _check_int(self.hi, "LogNormal hi") < self.lo:
-            raise ValueError(f"LogNormal needs lo <= hi, got lo={self.lo!r}, hi={self.hi!r}")
-
-    def sample(self, rng: random.Random) -> int:
-        n = round(rng.lognormvariate(math.log(self.median), self.sigma))
-        return max(self.lo, n if self.hi is None else min(n, self.hi))
-
-
-@dataclass(frozen=True)
-class Mixture:
-    """Pick a component with probability proportional to its weight, then draw from it.
-
-    components: (weight, length) pairs; a length is anything a length argument may be, e.g.
-    Mixture([(0.9, Uniform(8, 32)), (0.1, Uniform(192, 256))]) for 90% short, 10% long answers.
-    """
-
-    components: tuple[tuple[float, Length], ...]
-
-    def __init__(self, components: Sequence[tuple[float, Length]]):
-        pairs = tuple((w, as_distribution(d, "a Mixture component")) for w, d in components)
-        if not pairs:
-            raise ValueError("Mixture needs at least one (weight, length) component")
-        for w, _ in pairs:
-            if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
-                raise ValueError(f"Mixture weights must be positive numbers, got {w!r}")
-        object.__setattr__(self, "components", pairs)
-
-    def sample(self, rng: random.Random) -> int:
-        weights = [w for w, _ in self.components]
-        _, dist = rng.choices(self.components, weights=weights)[0]
-        return dist.sample(rng)
-
-
-class Choice(Mixture):
-    """One of a few fixed lengths: Choice([16, 256], weights=[0.9, 0.1]); equal weights by
-    default."""
-
-    def __init__(self, values: Sequence[int], weights: Sequence[float] | None = None):
-        weights = [1.0] * len(values) if weights is None else list(weights)
-        if len(weights) != len(values):
-            raise ValueError(f"Choice got {len(values)} values but {len(weights)} weights")
-        super().__init__(list(zip(weights, values)))
-
-
-def as_distribution(length: Length, name: str) -> LengthDistribution:
-    """A length argument as a distribution; raises ValueError naming a bad one."""
-    if isinstance(length, LengthDistribution) and not isinstance(length, type):
-        return length
-    if isinstance(length, int) and not isinstance(length, bool):
-        if length < 1:
-            raise ValueError(f"{name} must be >= 1 token, got {length!r}")
-        return Fixed(length)
-    if isinstance(length, tuple) and len(length) == 2:
-        try:
-            return Uniform(*length)
-        except ValueError as e:
-            raise ValueError(f"{name} range {length!r}: {e}") from None
-    raise ValueError(f"{name} must be an int, a (lo, hi) tuple or a distribution with "
-                     f".sample(rng), got {length!r}")
+# The length distributions, re-exported: chapters write workload.Uniform and so on.
+from minillm.workloads.lengths import Choice as Choice
+from minillm.workloads.lengths import Fixed as Fixed
+from minillm.workloads.lengths import Length as Length
+from minillm.workloads.lengths import LengthDistribution as LengthDistribution
+from minillm.workloads.lengths import LogNormal as LogNormal
+from minillm.workloads.lengths import Mixture as Mixture
+from minillm.workloads.lengths import Uniform as Uniform
+from minillm.workloads.lengths import as_distribution, check_int
 
 
 @dataclass(frozen=True)
@@ -176,15 +59,15 @@ class RequestSpec:
         t = self.arrival_time
         if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
             raise ValueError(f"arrival_time must be a finite number >= 0 seconds, got {t!r}")
-        _check_int(self.prompt_len, "prompt_len")
-        _check_int(self.output_len, "output_len")
-        _check_int(self.prefix_len, "prefix_len", minimum=0)
+        check_int(self.prompt_len, "prompt_len")
+        check_int(self.output_len, "output_len")
+        check_int(self.prefix_len, "prefix_len", minimum=0)
         if self.prefix_len > self.prompt_len:
             raise ValueError(f"prefix_len={self.prefix_len} exceeds prompt_len={self.prompt_len}")
         if self.prefix_id is None and self.prefix_len:
             raise ValueError(f"prefix_len={self.prefix_len} needs a prefix_id")
         if self.prefix_id is not None:
-            _check_int(self.prefix_id, "prefix_id", minimum=0)
+            check_int(self.prefix_id, "prefix_id", minimum=0)
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"priority must be an int, got {self.priority!r}")
         if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
@@ -196,7 +79,7 @@ class RequestSpec:
         The prefix depends only on (prefix_id, prefix_len), so specs with the same prefix_id
         share it token for token; the suffix depends only on seed.
         """
-        _check_int(vocab_size, "vocab_size", minimum=2)
+        check_int(vocab_size, "vocab_size", minimum=2)
         prefix: list[int] = []
         if self.prefix_id is not None:
             rng = random.Random(f"minillm-prefix-{self.prefix_id}")
@@ -221,7 +104,7 @@ class Workload(list[RequestSpec]):
             if not isinstance(spec, RequestSpec):
                 raise ValueError(f"a Workload holds RequestSpec items, got {spec!r:.80}")
         if concurrency is not None:
-            _check_int(concurrency, "concurrency")
+            check_int(concurrency, "concurrency")
         self.concurrency = concurrency
         self.rate = rate
 
@@ -308,7 +191,7 @@ def poisson(num_requests: int, rate: float, prompt_len: Length, output_len: Leng
 
     burstiness != 1 draws gamma inter-arrival gaps of that shape instead, with the same mean.
     """
-    _check_int(num_requests, "num_requests")
+    check_int(num_requests, "num_requests")
     rate = _check_rate(rate)
     prompt, output = as_distribution(prompt_len, "prompt_len"), as_distribution(
         output_len, "output_len")
@@ -321,8 +204,8 @@ def poisson(num_requests: int, rate: float, prompt_len: Length, output_len: Leng
 def closed_loop(num_requests: int, concurrency: int, prompt_len: Length, output_len: Length,
                 seed: int = 0) -> Workload:
     """Closed loop: concurrency clients send num_requests in all, each waiting for its last."""
-    _check_int(num_requests, "num_requests")
-    _check_int(concurrency, "concurrency")
+    check_int(num_requests, "num_requests")
+    check_int(concurrency, "concurrency")
     prompt, output = as_distribution(prompt_len, "prompt_len"), as_distribution(
         output_len, "output_len")
     rng = random.Random(seed)
@@ -338,10 +221,10 @@ def shared_prefix(num_requests: int, rate: float, prefix_len: int, num_prefixes:
     Each prompt is prefix_len tokens of a prefix picked uniformly at random, then suffix_len
     tokens of its own: the workload that prefix caching speeds up.
     """
-    _check_int(num_requests, "num_requests")
+    check_int(num_requests, "num_requests")
     rate = _check_rate(rate)
-    _check_int(prefix_len, "prefix_len")
-    _check_int(num_prefixes, "num_prefixes")
+    check_int(prefix_len, "prefix_len")
+    check_int(num_prefixes, "num_prefixes")
     suffix, output = as_distribution(suffix_len, "suffix_len"), as_distribution(
         output_len, "output_len")
     rng = random.Random(seed)
