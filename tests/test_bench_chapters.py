@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from minillm.bench import chapters
+from minillm.bench import chapter_cells, chapters
 
 
 def notebook(path: Path, cells: list[str]) -> Path:
@@ -80,7 +80,8 @@ def test_stand_in_has_no_dunders_for_inspect(monkeypatch: pytest.MonkeyPatch) ->
     try:
         assert getattr(sys.modules[name], "__file__", None) is None
         assert not hasattr(sys.modules[name].Anything(), "__wrapped__")
-        assert inspect.getmodule(chapters.run_chapter.__code__) is chapters  # walks sys.modules
+        run_chapter = chapter_cells.run_chapter  # inspect.getmodule walks sys.modules
+        assert inspect.getmodule(run_chapter.__code__) is chapter_cells
     finally:
         sys.modules.pop(name)
 

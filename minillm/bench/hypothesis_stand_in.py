@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from minillm.bench.chapters import _StandIn
+from minillm.bench.chapter_cells import _StandIn
 
 REASON = "hypothesis is not installed here"
 
