@@ -5,16 +5,15 @@ Its arithmetic intensity F / M (FLOPs per byte) against the device's ridge point
 (peak FLOP/s / bandwidth) says which bound it hits: decode reads every weight to produce one
 token per sequence (intensity ~ batch size, memory-bound); prefill reuses each weight across the
 prompt (intensity ~ prompt length, compute-bound). The simulator advances its clock by
-`step_time`, so this module is pure Python arithmetic; only `measure_machine` imports torch.
-The devices' peaks (Hardware, HARDWARE, HOST_LINKS, get_hardware) live in minillm.hardware and
-are re-exported here.
+`step_time`, so this module is pure Python arithmetic. The devices' peaks (Hardware, HARDWARE,
+HOST_LINKS, get_hardware) live in minillm.hardware and this machine's measured ones
+(measure_machine, which imports torch) in minillm.calc.machine_peaks; both are re-exported
+here.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from minillm.calc.hardware import HARDWARE as HARDWARE
 from minillm.calc.hardware import HOST_LINKS as HOST_LINKS
 from minillm.calc.hardware import Hardware, get_hardware
+from minillm.calc.machine_peaks import measure_machine as measure_machine
 from minillm.calc.models import ModelLike, as_config
 from minillm.calc.step_overheads import OVERHEAD_TERMS as OVERHEAD_TERMS
 from minillm.calc.step_overheads import StepOverheads
@@ -30,7 +30,7 @@ from minillm.calc.step_overheads import attention_pairs as attention_pairs
 from minillm.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 
 def ridge_point(hw: Hardware | str) -> float:
@@ -310,70 +310,3 @@ def arithmetic_intensity(model: ModelLike, batch: int, phase: Literal["prefill",
         raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
     flops, moved = step_flops_bytes(model, [(new, context_len)] * batch, dtype_bytes)
     return flops / moved
-
-
-def _best_seconds(fn: Callable[[], object], sync: Callable[[], None], budget: float) -> float:
-    """The fastest of repeated runs of fn within `budget` seconds (after one warm-up run)."""
-    fn()
-    sync()
-    best, deadline = math.inf, time.perf_counter() + budget
-    while time.perf_counter() < deadline or best == math.inf:
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def _matmul_flops(dev: torch.device, seconds: float) -> float:
-    """Achieved FLOP/s of a square matmul, 2 * n^3 FLOPs, in the engine's dtype on this device
-    (minillm.device: fp32 on a CPU, bf16 from sm_80, fp16 on a T4; a GPU's 16-bit type during
-    the GPU-shaped run, whose CPU matmuls in bf16 are far slower than in fp32)."""
-    import torch
-
-    from minillm.device import capabilities
-
-    dtype = capabilities(dev).dtype
-    n = 8192 if dev.type == "cuda" else 1024
-    x, weight = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
-    # F.linear, x @ weight.T, as every nn.Linear of the model runs: on a CPU in bf16 the plain
-    # x @ weight layout falls to a kernel some 30x slower, which is no peak of the engine's.
-    return 2 * n**3 / _best_seconds(lambda: torch.nn.functional.linear(x, weight), _sync(dev),
-                                    seconds)
-
-
-def _copy_bandwidth(dev: torch.device, seconds: float) -> float:
-    """Achieved bytes/s of a tensor copy, counting the bytes read and the bytes written."""
-    import torch
-
-    numel = 2**28 if dev.type == "cuda" else 2**24  # 1 GiB / 64 MiB of fp32: past the caches
-    src = torch.ones(numel, device=dev)
-    dst = torch.empty_like(src)
-    return 2 * src.nbytes / _best_seconds(lambda: dst.copy_(src), _sync(dev), seconds)
-
-
-def _sync(dev: torch.device) -> Callable[[], None]:
-    import torch
-
-    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-
-
-def measure_machine(device: str | None = None, seconds: float = 1.0) -> Hardware:
-    """This machine's achieved peaks as a Hardware, from two microbenchmarks of seconds / 2
-    each: flops from a square matmul (fp32 on CPU, bf16 on CUDA), bandwidth from a large tensor
-    copy (bytes read + bytes written per second); memory: RAM or GPU memory, bytes. Measured
-    with torch's current thread count; nothing here is a datasheet peak."""
-    import torch
-
-    if not seconds > 0:
-        raise ValueError(f"seconds must be positive, got {seconds!r}")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    flops = _matmul_flops(dev, seconds / 2)
-    bandwidth = _copy_bandwidth(dev, seconds / 2)
-    if dev.type == "cuda":
-        props = torch.cuda.get_device_properties(dev)
-        return Hardware(f"this machine (cuda: {props.name})", flops, bandwidth,
-                        props.total_memory)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    # A CPU's "host pool" is the same RAM: a swap is a copy at the copy bandwidth, one way.
-    return Hardware(f"this machine ({dev.type})", flops, bandwidth, ram, host_link=bandwidth / 2)
