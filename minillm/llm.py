@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -16,6 +15,13 @@ from minillm.device import DeviceCaps, capabilities, dtype_for
 from minillm.engine import Engine
 from minillm.model import LlamaForCausalLM
 from minillm.model_config import ModelConfig
+
+# The pool's sizing is the device side's (minillm.model_runner); re-exported, as chapter 03 and
+# the tests read it here.
+from minillm.model_runner import MemoryReport as MemoryReport
+from minillm.model_runner import describe_pool as describe_pool
+from minillm.model_runner import kv_pool_bytes as kv_pool_bytes
+from minillm.model_runner import num_kv_blocks_for_memory as num_kv_blocks_for_memory
 from minillm.quant.int8 import quantize_model
 from minillm.quant.kv_pool import kv_pool_block_bytes
 from minillm.request import Request, RequestOutput
@@ -68,56 +74,6 @@ def check_kv_cache_dtype(config: EngineConfig, caps: DeviceCaps) -> None:
                      f"Pass kv_cache_dtype={stand_in!r}, or attention_backend='torch'")
 
 
-@dataclasses.dataclass(frozen=True)
-class MemoryReport:
-    """The GPU's memory around a warm-up of the largest step, in bytes (profile_memory).
-
-    total: the device's memory. free: free on the device after the warm-up, so other processes'
-    memory is already out of it. allocated: this process's tensors at rest (the weights).
-    peak: the most this process's tensors held during the warm-up step.
-    """
-
-    total: int
-    free: int
-    allocated: int
-    peak: int
-
-    @property
-    def step_bytes(self) -> int:
-        """Activations, logits and workspace of the largest step, freed when it ends."""
-        return self.peak - self.allocated
-
-
-def kv_pool_bytes(report: MemoryReport, gpu_memory_utilization: float) -> int:
-    """Bytes the KV pool may take: this process's share of the device less its own peak
-    (weights plus the largest step), and no more than what is free less that step, since other
-    processes keep what they hold but are not charged to this engine's share."""
-    share = report.total * gpu_memory_utilization - report.peak
-    free = report.free - report.step_bytes
-    return max(int(min(share, free)), 0)
-
-
-def num_kv_blocks_for_memory(config: EngineConfig, model: LlamaForCausalLM, max_model_len: int,
-                             report: MemoryReport | None = None) -> int:
-    """The pool size that fits in memory: on a GPU (report from profile_memory), kv_pool_bytes;
-    on a CPU, a quarter of gpu_memory_utilization's share of the RAM. Either way no more than
-    every seat holding a full-length sequence: more blocks would only keep more cached
-    prefixes, and a tiny model would get millions of blocks on a big GPU."""
-    block_bytes = kv_pool_block_bytes(model, config)
-    seats = config.max_num_seqs * -(-max_model_len // config.block_size)
-    if report is not None:
-        blocks = kv_pool_bytes(report, config.gpu_memory_utilization) // block_bytes
-        if blocks < 1:
-            raise ValueError(
-                f"no GPU memory left for the KV cache: the weights and the largest step peak at "
-                f"{report.peak / 2**30:.2f} GiB of {report.total / 2**30:.2f} GiB with "
-                f"{report.free / 2**30:.2f} GiB free; raise gpu_memory_utilization="
-                f"{config.gpu_memory_utilization} or lower max_num_batched_tokens")
-        return min(blocks, seats)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(min(int(ram * config.gpu_memory_utilization * 0.25 // block_bytes), seats), 1)
-
-
 def run_largest_step(model: LlamaForCausalLM, config: EngineConfig, max_model_len: int
                      ) -> StepRecord:
     """One engine step of max_num_batched_tokens prompt tokens split over max_num_seqs requests,
@@ -155,16 +111,6 @@ def profile_memory(model: LlamaForCausalLM, config: EngineConfig, max_model_len:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     return MemoryReport(total=total, free=free, allocated=allocated, peak=peak)
-
-
-def describe_pool(num_blocks: int, block_bytes: int, block_size: int,
-                  report: MemoryReport) -> str:
-    """One line on the pool chosen and what it was sized against."""
-    gib = 2**30
-    return (f"KV pool: {num_blocks:,} blocks x {block_size} tokens = {num_blocks * block_size:,} "
-            f"tokens, {num_blocks * block_bytes / gib:.2f} GiB (GPU {report.total / gib:.1f} GiB:"
-            f" weights {report.allocated / gib:.2f} GiB, largest step "
-            f"{report.step_bytes / gib:.2f} GiB, free {report.free / gib:.2f} GiB)")
 
 
 class LLM:

@@ -3,12 +3,16 @@
 The engine's loop (minillm.engine) decides what a step runs and does the bookkeeping around it;
 everything that touches the device's memory is here: the pool (and its scales, for a quantized
 one), the host pool that swaps copy to and from, the attention backend, the decode graphs, and
-the step's batch tensors. Keeping the two apart is nano-vllm's split (its ModelRunner), and the
-one that lets the host schedule step n+1 while the device still runs step n.
+the step's batch tensors, and how many blocks the pool gets in the memory there is
+(num_kv_blocks_for_memory, from a MemoryReport of the largest step on a GPU). Keeping the
+two apart is nano-vllm's split (its ModelRunner), and the one that lets the host schedule step
+n+1 while the device still runs step n.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -18,7 +22,7 @@ from minillm.batch import Batch, build_batch
 from minillm.config import EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.model import LlamaForCausalLM
-from minillm.quant.kv_pool import allocate_kv_pool
+from minillm.quant.kv_pool import allocate_kv_pool, kv_pool_block_bytes
 from minillm.scheduler import ScheduledRequest
 from minillm.swap import KVSwapper, num_swap_blocks
 
@@ -91,3 +95,63 @@ class ModelRunner:
     def logits(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
         """The logits (S, V) fp32 of the step's sample rows."""
         return self.model.compute_logits(hidden[batch.sample_indices])
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """The GPU's memory around a warm-up of the largest step, in bytes (profile_memory).
+
+    total: the device's memory. free: free on the device after the warm-up, so other processes'
+    memory is already out of it. allocated: this process's tensors at rest (the weights).
+    peak: the most this process's tensors held during the warm-up step.
+    """
+
+    total: int
+    free: int
+    allocated: int
+    peak: int
+
+    @property
+    def step_bytes(self) -> int:
+        """Activations, logits and workspace of the largest step, freed when it ends."""
+        return self.peak - self.allocated
+
+
+def kv_pool_bytes(report: MemoryReport, gpu_memory_utilization: float) -> int:
+    """Bytes the KV pool may take: this process's share of the device less its own peak
+    (weights plus the largest step), and no more than what is free less that step, since other
+    processes keep what they hold but are not charged to this engine's share."""
+    share = report.total * gpu_memory_utilization - report.peak
+    free = report.free - report.step_bytes
+    return max(int(min(share, free)), 0)
+
+
+def num_kv_blocks_for_memory(config: EngineConfig, model: LlamaForCausalLM, max_model_len: int,
+                             report: MemoryReport | None = None) -> int:
+    """The pool size that fits in memory: on a GPU (report from profile_memory), kv_pool_bytes;
+    on a CPU, a quarter of gpu_memory_utilization's share of the RAM. Either way no more than
+    every seat holding a full-length sequence: more blocks would only keep more cached
+    prefixes, and a tiny model would get millions of blocks on a big GPU."""
+    block_bytes = kv_pool_block_bytes(model, config)
+    seats = config.max_num_seqs * -(-max_model_len // config.block_size)
+    if report is not None:
+        blocks = kv_pool_bytes(report, config.gpu_memory_utilization) // block_bytes
+        if blocks < 1:
+            raise ValueError(
+                f"no GPU memory left for the KV cache: the weights and the largest step peak at "
+                f"{report.peak / 2**30:.2f} GiB of {report.total / 2**30:.2f} GiB with "
+                f"{report.free / 2**30:.2f} GiB free; raise gpu_memory_utilization="
+                f"{config.gpu_memory_utilization} or lower max_num_batched_tokens")
+        return min(blocks, seats)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(min(int(ram * config.gpu_memory_utilization * 0.25 // block_bytes), seats), 1)
+
+
+def describe_pool(num_blocks: int, block_bytes: int, block_size: int,
+                  report: MemoryReport) -> str:
+    """One line on the pool chosen and what it was sized against."""
+    gib = 2**30
+    return (f"KV pool: {num_blocks:,} blocks x {block_size} tokens = {num_blocks * block_size:,} "
+            f"tokens, {num_blocks * block_bytes / gib:.2f} GiB (GPU {report.total / gib:.1f} GiB:"
+            f" weights {report.allocated / gib:.2f} GiB, largest step "
+            f"{report.step_bytes / gib:.2f} GiB, free {report.free / gib:.2f} GiB)")
