@@ -61,7 +61,8 @@ class Pipeline:
 
     def timer(self, engine: Simulator) -> Any:
         """engine's cost model: prices a step on the layout, then runs it through the stages
-        from engine.clock (the step's start: Simulator.step prices before moving its clock)."""
+        from engine.clock (when the step is ready: its swaps are done, and Simulator.execute
+        prices before it moves the clock on)."""
         def price(model: ModelConfig, hw: Any, entries: Sequence[tuple[int, int]],
                   *args: float, **kwargs: float) -> PipelinedStep:
             cost = parallel.parallel_step_time(model, hw, entries, self.layout, *args, **kwargs)
