@@ -43,9 +43,10 @@ class CpuClock:
 
 @dataclass(frozen=True)
 class RealRun:
-    """A workload served by the real engine: its Requests (metrics on the run's clock), its new
-    trace records, and the seconds each engine.step() call took on that clock (the step plus
-    the bookkeeping after it that the StepRecord does not time, i.e. the gap to the next step)."""
+    """A workload served by the real engine: its Requests in workload order (metrics on the
+    run's clock), its new trace records, and the seconds each engine.step() call took on that
+    clock (the step plus the bookkeeping after it that the StepRecord does not time, i.e. the
+    gap to the next step)."""
 
     requests: list[Request]
     trace: list[StepRecord]
