@@ -11,15 +11,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from minillm.calc.collectives import (  # noqa: F401 (parallel re-exports the ones it does not call)
+from minillm.calc.collectives import (
     ALL_REDUCE_ALGORITHMS,
     all_reduce_time,
-    bubble_fraction,
-    bus_bandwidth,
-    gather_time,
     group_all_reduce_time,
-    pipeline_time,
-    send_time,
 )
 from minillm.calc.hardware import Hardware, Link, get_hardware
 from minillm.calc.models import ModelLike, as_config
