@@ -148,21 +148,12 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
     transfer) or "prefill" (see the module docstring). interference: as in simulate_fleet;
     neither pool mixes phases, but a decode replica's first step of a request recomputes the
     tail of its prompt (up to block_size tokens) beside the running decodes. A closed-loop
-    workload keeps
-    workload.concurrency requests in flight, the next sent when one finishes.
+    workload keeps workload.concurrency requests in flight, the next sent when one finishes.
     """
     _check_gpus(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus)
-    if first_token_from not in FIRST_TOKEN_FROM:
-        raise ValueError(f"first_token_from must be one of {FIRST_TOKEN_FROM}, got "
-                         f"{first_token_from!r}: 'decode' streams every token from the decode "
-                         "pool (vLLM's proxy), 'prefill' sends the first one from the prefill "
-                         "pool")
+    decode_kwargs = _check_options(first_token_from, decode_kwargs)
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     link = resolve_link(hardware.inter_node_link if kv_link is None else kv_link)
-    decode_kwargs = dict(decode_kwargs or {})
-    if decode_kwargs.pop("enable_prefix_caching", False):
-        raise ValueError("the decode pool runs without prefix caching (the K/V it receives are "
-                         "matched directly); drop enable_prefix_caching from decode_kwargs")
     common = (mc, hardware, dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time,
               interference)
     prefill, prefill_layout = _pool("prefill", prefill_gpus, Simulator,
@@ -184,6 +175,21 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
                                [s.stats() for s in prefill], [s.stats() for s in decode], mc,
                                hardware, wall_time=time.perf_counter() - start,
                                first_token_from=first_token_from)
+
+
+def _check_options(first_token_from: str, decode_kwargs: dict[str, Any] | None
+                   ) -> dict[str, Any]:
+    """Refuse what disaggregation cannot do, naming the fix; the decode pool's kwargs, copied."""
+    if first_token_from not in FIRST_TOKEN_FROM:
+        raise ValueError(f"first_token_from must be one of {FIRST_TOKEN_FROM}, got "
+                         f"{first_token_from!r}: 'decode' streams every token from the decode "
+                         "pool (vLLM's proxy), 'prefill' sends the first one from the prefill "
+                         "pool")
+    decode_kwargs = dict(decode_kwargs or {})
+    if decode_kwargs.pop("enable_prefix_caching", False):
+        raise ValueError("the decode pool runs without prefix caching (the K/V it receives are "
+                         "matched directly); drop enable_prefix_caching from decode_kwargs")
+    return decode_kwargs
 
 
 def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],

@@ -67,31 +67,26 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     model: a name (minillm.models) or a ModelConfig; hw: a name or a roofline.Hardware.
     workload: open loop (arrival times honoured; a plain list of RequestSpec is one) or closed
     loop (workload.concurrency requests in flight, the next sent as one finishes).
-    dtype_bytes: bytes per weight (and per KV element unless kv_dtype_bytes is given);
-    kv_dtype_bytes: bytes per K or V number (1 for an fp8 or int8 cache): it sizes the pool's
-    blocks, so the same memory holds more of them, the bytes a swap moves and the KV reads of
-    each step. overheads: what each step costs beyond its roofline time (roofline.StepOverheads,
-    or a dict of its field names; None: nothing), per step, per new token, per request and per
-    attention pair; minillm.calibration fits them on this machine (CalibrationReport.overheads).
     engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
     pool is what gpu_memory_utilization of hw.memory leaves after the weights.
-    step_time: the cost model that prices each step, called as roofline.step_time is (swap in
-    your own to see what it does to TTFT and TPOT); None: the roofline's (on several GPUs,
-    parallel_step_time's).
+    The options, each checked into one value at the door:
+    - pricing: dtype_bytes per weight (and per K/V number unless kv_dtype_bytes, e.g. 1 for an
+      fp8 cache, which also sizes the pool's blocks and the bytes a swap moves); overheads, what
+      a step costs beyond its roof (roofline.StepOverheads or a dict of its fields; fitted by
+      minillm.calibration); step_time, the cost model itself, called as roofline.step_time is
+      (None: the roofline's, or parallel_step_time's on several GPUs).
+    - speculation: speculative_config={"method": "ngram", "num_speculative_tokens": k} (an
+      engine kwarg) with acceptance_rate, each proposal's chance of acceptance (i.i.d., seeded
+      by seed=); method "draft_model" prices draft_model's forwards too (a name or ModelConfig;
+      default: speculative_config's "model" folder). minillm.spec.simulate; stats() adds the
+      spec_decode_* counters.
+    - layout: tensor_parallel_size x pipeline_parallel_size GPUs of hw (vLLM's names,
+      minillm.parallel): each holds its shard of weights and K/V, each step is priced with its
+      all-reduces; under PP, p virtual engines keep p batches in flight (minillm.virtual_engines;
+      with a step_time of one's own, one step at a time). Not with speculative decoding.
+    - admission_policy: Scheduler.admission_policy (minillm.scheduler); not under PP.
     record_block_tables=False leaves StepRecord.block_tables, cached_blocks and prefix_cache
     empty, which saves time and memory on runs of thousands of requests (see Simulator).
-    Speculative decoding: speculative_config={"method": "ngram", "num_speculative_tokens": k}
-    (an engine kwarg) with acceptance_rate, the chance that each proposed token is accepted
-    (drawn i.i.d., seeded by seed=); method "draft_model" prices draft_model's forwards too
-    (a name or ModelConfig; default: the config of speculative_config's "model" folder). See
-    minillm.spec.simulate; stats() then adds the spec_decode_* counters.
-    tensor_parallel_size, pipeline_parallel_size: serve on t x p GPUs of hw (vLLM's names;
-    minillm.parallel): each GPU holds its shard of the weights and K/V, each step is priced by
-    parallel_step_time (all-reduces on hw's links); under PP, p virtual engines keep p batches
-    in flight (minillm.virtual_engines; with a step_time of your own, one step at a time).
-    Not with speculative decoding.
-    admission_policy: Scheduler.admission_policy, a rule of one's own asked before each waiting
-    request is admitted (minillm.scheduler); not under pipeline parallelism.
     """
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     layout = parallel.ParallelConfig(tensor_parallel_size, pipeline_parallel_size).check(mc)

@@ -80,22 +80,7 @@ def capstone(student: str = STUDENT) -> dict[str, Any]:
     rates = [scenario.rate * f for f in (1.25, 1.5, 2.0)]
     at_rates = [evaluate(dataclasses.replace(scenario, rate=r), chosen) for r in rates]
     held = [r for r, a in zip(rates, at_rates) if a.attainment >= 0.9]
-    fewest, fewer_run = chosen, None  # one replica fewer at a time, while the SLO holds
-    for replicas in range(chosen.replicas - 1, 0, -1):
-        fewer_run = evaluate(scenario, dataclasses.replace(chosen, replicas=replicas))
-        if fewer_run.attainment < 0.9:
-            break
-        fewest = fewer_run.deployment
-    fewest_run = evaluate(scenario, fewest)
-    if fewest == chosen:
-        gpus_needed = ("every GPU is needed" if fewer_run is None else
-                       f"every GPU is needed: one replica fewer leaves "
-                       f"{fewer_run.attainment:.0%} within the SLO")
-    else:
-        gpus_needed = (f"{fewest.gpus} GPUs ({_layout(fewest)} replicas) still meet it, "
-                       f"{fewest_run.attainment:.0%} within the SLO at "
-                       f"${fewest_run.dollars_per_million_tokens:.2f} per 1M tokens against my "
-                       f"${run.dollars_per_million_tokens:.2f} on {chosen.gpus}")
+    gpus_needed = _gpus_needed(scenario, run)
     slowed = {overhead: run_deployment(scenario.model, scenario.hardware, scenario.workload(),
                                        scenario.slo, chosen, sim_requests=scenario.sim_requests,
                                        overheads=StepOverheads(overhead=overhead))
@@ -128,6 +113,28 @@ def capstone(student: str = STUDENT) -> dict[str, Any]:
     return {"student": student, **dataclasses.asdict(chosen),  # every knob, quantization too
             "goodput": run.goodput, "dollars_per_million_tokens": run.dollars_per_million_tokens,
             "reasoning": reasoning}
+
+
+def _gpus_needed(scenario: Any, run: Any) -> str:
+    """Drop one replica at a time while 90% still meet the SLO: how many GPUs run needs."""
+    from minillm.plan.capstone import evaluate
+
+    chosen = run.deployment
+    fewest, fewer_run = chosen, None
+    for replicas in range(chosen.replicas - 1, 0, -1):
+        fewer_run = evaluate(scenario, dataclasses.replace(chosen, replicas=replicas))
+        if fewer_run.attainment < 0.9:
+            break
+        fewest = fewer_run.deployment
+    if fewest == chosen:
+        return ("every GPU is needed" if fewer_run is None else
+                f"every GPU is needed: one replica fewer leaves "
+                f"{fewer_run.attainment:.0%} within the SLO")
+    fewest_run = evaluate(scenario, fewest)
+    return (f"{fewest.gpus} GPUs ({_layout(fewest)} replicas) still meet it, "
+            f"{fewest_run.attainment:.0%} within the SLO at "
+            f"${fewest_run.dollars_per_million_tokens:.2f} per 1M tokens against my "
+            f"${run.dollars_per_million_tokens:.2f} on {chosen.gpus}")
 
 
 SOLUTIONS = {"11.1": all_reduce_time, "11.2": capstone}
