@@ -24,7 +24,7 @@ The engine core, one concept per module:
     model.py         the decoder (RMSNorm, RoPE, GQA attention, SwiGLU) and checkpoint loading;
                      layers/ holds its merged Linears and fused Triton ops
     tokenizer.py     the checkpoint's tokenizer and incremental detokenization
-    request.py       Request (tokens, progress, block table) and RequestOutput
+    request.py       Request (tokens, progress, block table), RequestOutput, a step's plan
     sampling.py      SamplingParams and the batched Sampler (greedy, temperature, top-k, top-p)
     kv_cache.py      the paged KV pool and BlockManager (ref counts); prefix_cache/ holds the
                      reuse designs (hash chain of blocks, vLLM's; radix tree, SGLang's)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.request import ScheduledRequest
 from minillm.sampling import host_to_device
-from minillm.scheduler import ScheduledRequest
 
 
 @dataclass

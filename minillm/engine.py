@@ -21,9 +21,9 @@ from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
 from minillm.model_runner import ModelRunner
-from minillm.request import Request, RequestOutput
+from minillm.request import Request, RequestOutput, ScheduledRequest, SchedulerOutput
 from minillm.sampling import Sampler, SamplingParams, check_unicode
-from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.scheduler import Scheduler
 from minillm.spec.decoder import SpeculativeDecoder
 from minillm.step_loop import Executed, Logprobs, StepLoop
 from minillm.swap import SwapSpace

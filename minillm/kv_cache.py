@@ -31,12 +31,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
+# A block's bytes are sizing arithmetic (minillm.calc.sizing) and the pool's tensor is allocated
+# with the pool's K/V dtype (minillm.quant.kv_pool): both importable from here too.
+from minillm.calc.sizing import kv_cache_block_bytes as kv_cache_block_bytes
 from minillm.config import PrefixCaching
 from minillm.prefix_cache.base import PrefixCache, PrefixMatch
 from minillm.prefix_cache.hash_chain import HashChainCache, chain_hash
 from minillm.prefix_cache.radix_blocks import RadixPrefixCache
+from minillm.quant.kv_pool import allocate_kv_cache as allocate_kv_cache
 from minillm.request import Request
 from minillm.trace import CacheNode, PrefixCacheSnapshot
 
@@ -52,22 +54,6 @@ class Block:
     token_ids: tuple[int, ...] = ()
     parent_hash: bytes = b""  # the chain hash of the block before it (hash design)
     last_used: int = 0  # the engine step that last registered, matched or freed it
-
-
-def allocate_kv_cache(
-    num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-    dtype: torch.dtype, device: torch.device | str,
-) -> torch.Tensor:
-    """The whole KV pool, zeroed so that padded slots never hold NaN: (L, 2, N, P, K, D)."""
-    shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
-    return torch.zeros(shape, dtype=dtype, device=device)
-
-
-def kv_cache_block_bytes(
-    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype_bytes: int
-) -> int:
-    """Bytes of one block across all layers, K and V: 2 * L * P * K * D * bytes."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes
 
 
 class BlockManager:

@@ -23,7 +23,7 @@ from minillm.config import EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.model import LlamaForCausalLM
 from minillm.quant.kv_pool import allocate_kv_pool, kv_pool_block_bytes
-from minillm.scheduler import ScheduledRequest
+from minillm.request import ScheduledRequest
 from minillm.swap import KVSwapper, num_swap_blocks
 
 

@@ -19,11 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from minillm.batch import build_batch
-from minillm.kv_cache import allocate_kv_cache
 from minillm.llm import LLM
-from minillm.request import Request
+from minillm.quant.kv_pool import allocate_kv_cache
+from minillm.request import Request, ScheduledRequest
 from minillm.sampling import SamplingParams
-from minillm.scheduler import ScheduledRequest
 
 HELD_OUT = Path(__file__).parent / "assets" / "the_tempest.txt"
 

@@ -1,4 +1,9 @@
-"""A request's life in the engine: its tokens, its progress, its KV blocks, and what it returns."""
+"""A request's life in the engine: its tokens, its progress, its KV blocks, and what it returns.
+
+Also a step's plan, as the scheduler writes it and the step loop, the model runner and the
+trace read it: each request's share of the step (ScheduledRequest) and the step as a whole
+(SchedulerOutput: the shares, preemptions, swap copies, why the rest waits).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ from minillm.sampling import SamplingParams
 # "error": the request failed on its own (RequestOutput.error says why); others in its steps
 # went on. vLLM V1's FinishReason has the same three outcomes (and "abort").
 FinishReason = Literal["length", "stop", "error"]
+
+Phase = Literal["prefill", "decode"]
+WaitingCause = Literal["seats", "blocks", "budget", "batch"]
 
 
 class RequestStatus(Enum):
@@ -119,3 +127,39 @@ class RequestOutput:
             error=req.error,
             num_cached_tokens=req.num_cached_tokens,
         )
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: num_tokens new tokens after num_computed_tokens."""
+
+    request: Request
+    num_tokens: int
+    num_computed_tokens: int
+    phase: Phase
+
+
+@dataclass
+class SchedulerOutput:
+    """A step's plan. swap_out: (device block, host block) copies to make before the step runs;
+    swap_in: (host block, device block) copies, made after those. waiting_cause: why the
+    requests left waiting were not admitted (None when none are left)."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    swapped_out: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    waiting_cause: WaitingCause | None = None
+    ran_dry: bool = False  # a running request found no block: the pool is full
+    num_draft_tokens: int = 0  # speculative tokens proposed and checked in the step
+    num_accepted_tokens: int = 0  # of those, the ones the target accepted
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    def add(self, req: Request, num_tokens: int) -> None:
+        phase: Phase = "prefill" if req.is_prefill else "decode"
+        self.scheduled.append(ScheduledRequest(req, num_tokens, req.num_computed_tokens, phase))

@@ -39,17 +39,18 @@ waiting_cause reads "seats", since what it was refused is a seat.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
 
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
-from minillm.request import Request, RequestStatus
+
+# The step plan's types live with the request (minillm.request); importable from here too.
+from minillm.request import Phase as Phase
+from minillm.request import Request, RequestStatus, SchedulerOutput
+from minillm.request import ScheduledRequest as ScheduledRequest
+from minillm.request import WaitingCause as WaitingCause
 from minillm.swap import SwapSpace
 from minillm.waiting_queue import WaitingQueue
 
-Phase = Literal["prefill", "decode"]
-WaitingCause = Literal["seats", "blocks", "budget", "batch"]
 # (a waiting request, the scheduler) -> whether it may be admitted now (Scheduler.admission_policy)
 AdmissionPolicy = Callable[["Request", "Scheduler"], bool]
 
@@ -57,41 +58,6 @@ AdmissionPolicy = Callable[["Request", "Scheduler"], bool]
 class AdmissionStalled(RuntimeError):
     """The admission policy refused every waiting request while none runs: nothing would ever
     change its mind, so the server would wait forever."""
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """One request's share of a step: num_tokens new tokens after num_computed_tokens."""
-
-    request: Request
-    num_tokens: int
-    num_computed_tokens: int
-    phase: Phase
-
-
-@dataclass
-class SchedulerOutput:
-    """A step's plan. swap_out: (device block, host block) copies to make before the step runs;
-    swap_in: (host block, device block) copies, made after those. waiting_cause: why the
-    requests left waiting were not admitted (None when none are left)."""
-
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    swapped_out: list[Request] = field(default_factory=list)
-    swapped_in: list[Request] = field(default_factory=list)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
-    waiting_cause: WaitingCause | None = None
-    ran_dry: bool = False  # a running request found no block: the pool is full
-    num_draft_tokens: int = 0  # speculative tokens proposed and checked in the step
-    num_accepted_tokens: int = 0  # of those, the ones the target accepted
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    def add(self, req: Request, num_tokens: int) -> None:
-        phase: Phase = "prefill" if req.is_prefill else "decode"
-        self.scheduled.append(ScheduledRequest(req, num_tokens, req.num_computed_tokens, phase))
 
 
 class Scheduler:
@@ -110,7 +76,6 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens thrown away by recompute preemptions
         self.num_steps = 0  # schedule() calls: the clock that ages priorities
-        self._host_blocks_to_free: list[int] = []  # swapped in last step: free from this one
 
     def add_request(self, req: Request) -> None:
         self.waiting.add(req)
@@ -120,9 +85,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        if self.swap_space is not None and self._host_blocks_to_free:
-            self.swap_space.free(self._host_blocks_to_free)  # their copies were made last step
-            self._host_blocks_to_free = []
+        if self.swap_space is not None:
+            self.swap_space.free_swapped_in()
         budget = self.config.max_num_batched_tokens
         if self.config.scheduling == "static":
             if not self.running:
@@ -210,15 +174,12 @@ class Scheduler:
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Send a running request back to the queue: its K/V swapped out, or dropped."""
         out.preempted.append(req)
-        num_blocks = self.block_manager.num_blocks_for(req.num_computed_tokens)
-        host = (self.swap_space.allocate(num_blocks)
-                if self.swap_space is not None and num_blocks > 0 else None)
+        computed = req.block_table[:self.block_manager.num_blocks_for(req.num_computed_tokens)]
+        host = (self.swap_space.swap_out(computed)
+                if self.swap_space is not None and computed else None)
         if host is not None:  # swap: the K/V survive in the host pool
-            assert self.swap_space is not None
-            out.swap_out.extend(zip(req.block_table[:num_blocks], host))
+            out.swap_out.extend(zip(computed, host))
             out.swapped_out.append(req)
-            self.swap_space.num_swap_outs += 1
-            self.swap_space.swap_out_blocks += num_blocks
             req.swap_blocks, req.status = host, RequestStatus.SWAPPED
         else:  # recompute (or the host pool is full)
             self.num_recomputed_tokens += req.num_computed_tokens
@@ -355,9 +316,7 @@ class Scheduler:
             assert self.swap_space is not None
             out.swap_in.extend(zip(req.swap_blocks, req.block_table))
             out.swapped_in.append(req)
-            self.swap_space.num_swap_ins += 1
-            self.swap_space.swap_in_blocks += len(req.swap_blocks)
-            self._host_blocks_to_free.extend(req.swap_blocks)
+            self.swap_space.swap_in(req.swap_blocks)
             req.swap_blocks = []
         else:
             req.num_computed_tokens = num_cached_tokens

@@ -16,8 +16,8 @@ from itertools import repeat
 
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
-from minillm.request import Request
-from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.request import Request, ScheduledRequest, SchedulerOutput
+from minillm.scheduler import Scheduler
 from minillm.trace import StepRecord, step_record
 
 log = logging.getLogger(__name__)

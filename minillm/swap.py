@@ -7,7 +7,8 @@ copied back into fresh device blocks when it resumes: memory for bytes over the 
 (PCIe, NVLink-C2C), and no token is computed twice. When the host pool is full the request is
 recomputed instead.
 
-SwapSpace is the host pool's bookkeeping (which host blocks are free), owned by the scheduler.
+SwapSpace is the host pool's bookkeeping (which host blocks are free, which wait to be freed,
+what went out and came back), owned by the scheduler.
 KVSwapper holds the host tensor and makes the copies an engine step asks for. On a GPU the host
 pool is pinned and the copies run on a side stream, so they are asynchronous to the host; the
 step's kernels wait for them (an event) because they read the blocks swapped in and overwrite
@@ -37,6 +38,8 @@ class SwapSpace:
         self.num_swap_ins = 0  # requests swapped back in
         self.swap_out_blocks = 0  # blocks copied to the host
         self.swap_in_blocks = 0  # blocks copied back
+        # Swapped in by the last step: its copies read them, so they are free from the next one.
+        self.pending_free: list[int] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -50,6 +53,28 @@ class SwapSpace:
 
     def free(self, block_ids: list[int]) -> None:
         self.free_blocks.extend(reversed(block_ids))
+
+    def swap_out(self, device_blocks: list[int]) -> list[int] | None:
+        """The host blocks one request's device_blocks are copied into, in order, counted as a
+        swap-out; None (nothing taken) if the pool has too few free: it is recomputed instead."""
+        host = self.allocate(len(device_blocks))
+        if host is not None:
+            self.num_swap_outs += 1
+            self.swap_out_blocks += len(device_blocks)
+        return host
+
+    def swap_in(self, host_blocks: list[int]) -> None:
+        """Count one request's host_blocks as copied back; they are freed by the next step's
+        free_swapped_in, once this step's copies have read them."""
+        self.num_swap_ins += 1
+        self.swap_in_blocks += len(host_blocks)
+        self.pending_free.extend(host_blocks)
+
+    def free_swapped_in(self) -> None:
+        """Free the host blocks the last step swapped in (its copies are made)."""
+        if self.pending_free:
+            self.free(self.pending_free)
+            self.pending_free = []
 
 
 class KVSwapper:

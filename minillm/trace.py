@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the scheduler imports this module
-    from minillm.scheduler import Scheduler, SchedulerOutput
+    from minillm.request import SchedulerOutput
+    from minillm.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,7 @@ class FakeEngine:
         # The host pool: every block is free, held by one swapped request, or waiting to be
         # freed after this step's copies in.
         host = [b for r in self.scheduler.waiting for b in r.swap_blocks]
-        pending = self.scheduler._host_blocks_to_free
+        pending = self.swap.pending_free
         assert sorted(host + pending + self.swap.free_blocks) == list(range(self.swap.num_blocks))
 
 

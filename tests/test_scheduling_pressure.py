@@ -41,7 +41,7 @@ def reference() -> list[list[int]]:
 
 def host_pool_is_whole(llm: LLM) -> bool:
     sched = llm.engine.scheduler
-    pending = sched._host_blocks_to_free  # swapped in by the last step, freed by the next
+    pending = sched.swap_space.pending_free  # swapped in by the last step, freed by the next
     return sched.swap_space.num_free_blocks + len(pending) == sched.swap_space.num_blocks
 
 

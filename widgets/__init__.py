@@ -18,6 +18,7 @@ interactive anywidget (sliders, dropdowns) for JupyterLab.
 | ``roofline.py`` | ``RooflineExplorer``: the roofline with prefill and decode points |
 | ``kv_calculator.py`` | ``KVCalculator``: KV bytes and concurrent sequences per GPU |
 | ``tiling.py`` | ``TilingView``: attention's score tiles, in the order the tiled loop visits them |
+| ``tile_visits.py`` | the tiled loop's schedule as ``TilingView`` draws it, tile by tile |
 | ``slo_view.py`` | ``SLOView``: goodput and the knee of a stored rate sweep, under the SLO set |
 """
 

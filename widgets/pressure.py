@@ -8,7 +8,7 @@ swap) simply has nothing to draw here.
 What the trace gives: swapped_out / swapped_in (request ids copied out / in by a step),
 swap_out_blocks / swap_in_blocks (blocks copied, summed over the step's requests), swapped (every
 request in the host pool after the step), num_waiting and waiting_cause (what stopped admission,
-minillm.scheduler.WaitingCause). A swapped request's block count is exact when its swap-out
+minillm.request.WaitingCause). A swapped request's block count is exact when its swap-out
 step moved only it; otherwise it is the length of its last traced block table (the blocks it
 held when preempted), or, when block tables are not traced (big pools), ceil(tokens / block
 size) from its last scheduled step.

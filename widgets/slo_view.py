@@ -5,7 +5,7 @@ so goodput under any SLO is a count: requests with TTFT <= the TTFT bound and TP
 bound, per second of the run (minillm.metrics.meets_slo's rule: a value equal to its bound
 meets it; a one-token reply has no TPOT and meets any TPOT bound). The picture draws goodput
 and throughput against the offered rate (log axis) and marks the knee, the rate of peak goodput
-(the lowest on ties, as minillm.bench.serve.SweepResult.knee). Nothing is re-simulated: the
+(the lowest on ties, as minillm.bench.rate_sweep.SweepResult.knee). Nothing is re-simulated: the
 view only recounts what the sweep stored, so the page without a kernel replays it exactly.
 """
 

@@ -5,7 +5,7 @@ Naive attention writes all T x S scores of a head before it reads one of them ba
 loop (minillm.attention.online_softmax.tiled_attention, the loop inside FlashAttention) holds
 one block_m x block_n tile of them at a time and folds it into a running softmax. The order is
 ``tile_schedule``: for each query tile, its key tiles left to right. The view replays that very
-schedule (it does not redraw its own), one tile a step:
+schedule (it does not redraw its own; tile_visits.py flattens it), one tile a step:
 
 - done tiles, the current one (just computed, outlined), tiles still to come;
 - with causal attention, the diagonal tiles (computed, then the part where the key lies in the
@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.attention.online_softmax import tile_schedule
-
 from . import svg as s
 from .base import View, dropdown, slider
 from .kv_calculator import fmt_bytes
+from .tile_visits import TileVisit, clip_above_diagonal, span, tile_visits
 
 # Tiles a side at most: a cell stays >= 13 px, and the 60 pictures a page carries (widgets.offline)
 # of up to 1,024 cells draw in about a second and pack within its budget.
@@ -40,32 +39,6 @@ MASK_PATTERN = "minillm-tiling-mask"  # the same id in every picture, so inlined
 COLORS = {"done": s.PALETTE["sky_blue"], "current": s.PALETTE["orange"],
           "pending": s.ROLE["background"], "skipped": s.ROLE["waiting"], "mask": "#444444"}
 SKIPPED_LABEL = "skipped: in the future"
-
-
-@dataclass(frozen=True)
-class TileVisit:
-    """One (query tile, key tile) pair of the schedule: rows [i0, i1) against keys [j0, j1);
-    row and col are the tile's place in the grid; diagonal: some key is in some row's future
-    (the tile is masked); order: its index in the schedule (0 is computed first)."""
-
-    order: int
-    row: int
-    col: int
-    i0: int
-    i1: int
-    j0: int
-    j1: int
-    diagonal: bool
-
-
-def tile_visits(T: int, S: int, causal: bool, block_m: int, block_n: int) -> list[TileVisit]:
-    """tile_schedule flattened: every tile tiled_attention computes, in its order."""
-    visits = []
-    for (i0, i1), keys in tile_schedule(T, S, causal, block_m, block_n):
-        for j0, j1, diagonal in keys:
-            visits.append(TileVisit(len(visits), i0 // block_m, j0 // block_n, i0, i1, j0, j1,
-                                    diagonal))
-    return visits
 
 
 @dataclass(frozen=True)
@@ -317,25 +290,3 @@ class TilingView(View):
             (f"K, V read so far: {fmt_bytes(n.kv_read)}{reads}: {why}", {}),
         ]
 
-
-def span(what: str, start: int, end: int) -> str:
-    """'rows 64–127', or 'row 0' for a span of one."""
-    return f"{what} {start}" if end - start == 1 else f"{what}s {start}–{end - 1}"
-
-
-def clip_above_diagonal(corners: list[tuple[float, float]], offset: float
-                        ) -> list[tuple[float, float]]:
-    """The part of a polygon [(key, row), ...] where key - row >= offset: a causal tile's
-    masked corner (key j is in row i's future when j > S - T + i). Sutherland–Hodgman against
-    one half-plane."""
-    inside = [c - r >= offset for c, r in corners]
-    out = []
-    for k, (a, b) in enumerate(zip(corners, corners[1:] + corners[:1])):
-        a_in, b_in = inside[k], inside[(k + 1) % len(corners)]
-        if a_in:
-            out.append(a)
-        if a_in != b_in:  # the edge crosses key - row = offset: add the crossing
-            da, db = a[0] - a[1] - offset, b[0] - b[1] - offset
-            t = da / (da - db)
-            out.append((a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1])))
-    return out

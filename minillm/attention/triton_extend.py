@@ -27,15 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.attention.paged_inputs import check_paged_inputs, head_dim_block
 from minillm.attention.tiles import tiles_for
-from minillm.attention.triton_decode import (
-    LOG2_E,
-    check_paged_inputs,
-    head_dim_block,
-    load_kv_tile,
-    load_scales,
-    online_softmax_step,
-)
+from minillm.attention.triton_decode import LOG2_E, load_kv_tile, load_scales, online_softmax_step
 from minillm.attention.triton_write_kv import kv_dtype_name, scale_pointers
 from minillm.device import dot_precision, interpreting
 

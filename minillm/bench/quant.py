@@ -31,13 +31,12 @@ import torch
 from minillm.batch import build_batch
 from minillm.bench.engine import interleaved_rounds, timed
 from minillm.calc import machine
-from minillm.kv_cache import allocate_kv_cache
 from minillm.llm import LLM, default_model_path
 from minillm.quality import held_out_text, perplexity, token_stream
 from minillm.quant.int8 import projection_weight_bytes
-from minillm.request import Request
+from minillm.quant.kv_pool import allocate_kv_cache
+from minillm.request import Request, ScheduledRequest
 from minillm.sampling import SamplingParams
-from minillm.scheduler import ScheduledRequest
 from minillm.serve.datasets import shakespeare_passages
 
 POOL_BYTES = 64 * 2**20  # the same KV memory for every setting

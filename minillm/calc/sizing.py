@@ -82,6 +82,13 @@ def kv_bytes_per_token(model: ModelLike, dtype_bytes: float = 2) -> float:
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
+def kv_cache_block_bytes(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype_bytes: int
+) -> int:
+    """Bytes of one block across all layers, K and V: 2 * L * P * K * D * bytes."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes
+
+
 def kv_cache_bytes(model: ModelLike, seq_len: int, batch: int = 1, dtype_bytes: float = 2) -> float:
     """Bytes of the KV cache for `batch` sequences of `seq_len` tokens each:
     2 * L * H_kv * D * seq_len * batch * dtype_bytes (no paging slack, alignment or prefix

@@ -18,6 +18,7 @@ From a shell::
 |---|---|
 | ``exercise.py`` | ``Exercise`` (id, title, prompt, grader) and helpers the graders share |
 | ``chCC.py`` | chapter CC's graders and its ``EXERCISES`` list |
+| ``capstone_rubric.py`` | the rubric an instructor grades the capstone's reasoning on (11.2) |
 | ``exercises.py`` | the registry: every chapter's exercises by id |
 | ``check.py`` | ``check(id, answer)``: runs a grader, prints a reader-facing verdict |
 | ``grade.py`` | ``grade``: executes a whole notebook, gathers every check's verdict |

@@ -76,7 +76,7 @@ def strip(folder: str) -> int:
 
 def capstone(student: str) -> int:
     """Print the student's brief, how to load it, and the rubric the reasoning is graded on."""
-    from minillm.labs.ch11 import rubric_text
+    from minillm.labs.capstone_rubric import rubric_text
     from minillm.plan.capstone import student_scenario
 
     try:

@@ -43,12 +43,12 @@ def _kv_hint(got: float, want: float, config: Any, seq_len: int, batch: int) -> 
 
 def _engine_pool_bytes(num_blocks: int = 4) -> tuple[Any, int, int, int]:
     """The shipped model's config, and the bytes, token slots and element size of a KV pool that
-    minillm's own allocator (kv_cache.allocate_kv_cache, as the engine calls it) hands out."""
+    minillm's own allocator (quant.kv_pool.allocate_kv_cache, as the engine calls it) hands out."""
     import torch
 
-    from minillm.kv_cache import allocate_kv_cache
     from minillm.llm import default_model_path
     from minillm.model_config import ModelConfig
+    from minillm.quant.kv_pool import allocate_kv_cache
 
     c = ModelConfig.from_pretrained(default_model_path())
     block_size = 16

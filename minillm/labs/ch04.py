@@ -43,9 +43,8 @@ def _engine_slots() -> tuple[list[tuple[str, int, list[int], int]], int]:
 
     from minillm.batch import build_batch
     from minillm.kv_cache import BlockManager
-    from minillm.request import Request
+    from minillm.request import Request, ScheduledRequest
     from minillm.sampling import SamplingParams
-    from minillm.scheduler import ScheduledRequest
 
     P = 4
     manager = BlockManager(num_blocks=8, block_size=P)

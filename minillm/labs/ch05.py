@@ -13,8 +13,9 @@ from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.labs.exercise import Exercise, expect_callable
 from minillm.llm import LLM
+from minillm.request import SchedulerOutput
 from minillm.sampling import SamplingParams
-from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.scheduler import Scheduler
 from minillm.trace import StepRecord
 
 AdmissionPolicy = Callable[[int, int, int], int]  # (num_running, max_num_seqs, min_free) -> seats

@@ -17,7 +17,8 @@ from minillm.calc.roofline import get_hardware, prefill_crossover
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.labs.exercise import Exercise, close, expect_callable
-from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.request import SchedulerOutput
+from minillm.scheduler import Scheduler
 from minillm.sim.simulator import Simulator, resolve_config, simulate
 from minillm.workloads.streams import Mixture, RequestSpec, poisson
 

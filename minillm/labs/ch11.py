@@ -13,11 +13,12 @@ minillm.capstone.evaluate gives it on that brief, and the reasoning. The grader 
 configuration achieves, by one ruler: it must fit the GPUs given, meet the SLO (90% of requests)
 and reach the recipe's goodput (recommend(), worked at grade time: no answer key ships) within
 GOODPUT_TOLERANCE; the figures reported must be the deployment's own on that brief, so a
-classmate's figures (another brief) fail. The reasoning is graded by an instructor on RUBRIC,
-which asks for what recommend().explain() does not give; the grader only asks that it be a
-paragraph of text and prints the rubric beside the figures to check it against, since a
-keyword match can tell that a word is there, not that an argument holds. A failing deployment
-gets a hint from what failed: the layout, the chunk that breaks TPOT, the queue that breaks TTFT.
+classmate's figures (another brief) fail. The reasoning is graded by an instructor on RUBRIC
+(capstone_rubric.py), which asks for what recommend().explain() does not give; the grader only
+asks that it be a paragraph of text and prints the rubric beside the figures to check it
+against, since a keyword match can tell that a word is there, not that an argument holds. A
+failing deployment gets a hint from what failed: the layout, the chunk that breaks TPOT, the
+queue that breaks TTFT.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
+from minillm.labs.capstone_rubric import MIN_WORDS, RUBRIC_POINTS, rubric_text
+from minillm.labs.capstone_rubric import RUBRIC as RUBRIC
 from minillm.labs.exercise import Exercise, expect_callable
 
 SIGNATURE = "all_reduce_time(nbytes, n, bandwidth, latency) -> seconds"
@@ -116,37 +119,6 @@ def grade_all_reduce(all_reduce_time: Any) -> str:
 
 
 # ---- 11.2: the capstone -----------------------------------------------------------------------
-
-# What an instructor grades the reasoning on, by hand: (item, points, what earns them). Every
-# item asks for what Recommendation.explain() does not print (it gives the recipe's layout, KV,
-# chunk, search and cost lines), so pasting explain() earns nothing; the figures must be the
-# student's own brief's, which the grader's verdict prints beside the rubric for checking.
-RUBRIC = [
-    ("binding", 2, "which SLO bound binds your deployment (the shares of requests meeting TTFT "
-     "and TPOT from evaluate(...).shares) and the evidence: one knob moved one step past your "
-     "choice (max_num_batched_tokens or max_num_seqs doubled, or one replica fewer), evaluated, "
-     "and the bound it breaks"),
-    ("alternative", 2, "at least one other layout you evaluated (a wider or narrower TP, or "
-     "pipeline stages), with its modelled goodput and SLO attainment on your traffic, and why it "
-     "loses there"),
-    ("headroom", 2, "how far the offered rate can grow before your deployment misses the SLO "
-     "(evaluate on dataclasses.replace(scenario, rate=...)), and the fewest GPUs that still "
-     "meet it at the offered rate, with its $/1M tokens"),
-    ("trust", 2, "the assumption of the model your answer is most sensitive to (steps priced "
-     "at the roofline's peak, an even router, ...), how much it moves your result (e.g. a "
-     "per-step overhead in run_deployment), and what you would measure on a real GPU to "
-     "check it"),
-    ("recipe", 2, "where your deployment differs from recommend()'s on your brief and why; if "
-     "it is the same, which of your runs above confirm it, so the choice is yours and not "
-     "only the recipe's"),
-]
-RUBRIC_POINTS = sum(points for _, points, _ in RUBRIC)
-MIN_WORDS = 120  # the rubric's five items take a paragraph each, not a sentence
-
-
-def rubric_text() -> str:
-    return "\n".join(f"- {name} ({points} points): {what}" for name, points, what in RUBRIC)
-
 
 def _answer_fields(answer: Any) -> dict[str, Any]:
     assert isinstance(answer, dict), (

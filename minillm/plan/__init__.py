@@ -3,6 +3,7 @@
     deployment.py      a multi-GPU deployment (TP x PP x replicas, scheduler knobs) and its
                        modelled run: run_deployment() -> goodput, SLO attainment, $/1M tokens
     recipe_steps.py    the recipe's steps 1-3: choose_layout, choose_max_num_seqs, the chunk
+    recipe_search.py   step 4: the goodput search in the simulator, climb_max_num_seqs
     recipe.py          recommend(): the starting-config recipe as code, and its reasoning
     disaggregation.py  prefill and decode pools with the K/V shipped between them, and the
                        comparison with colocated serving at the recipe's configuration

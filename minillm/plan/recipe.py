@@ -16,6 +16,9 @@ Given a model, a GPU type, a workload, latency SLOs and a number of GPUs, the re
    each wider TP inside a node with its own steps 2-3; keeping the best goodput that meets the
    SLO.
 
+Steps 1-3 are recipe_steps.py's calculators, step 4 is recipe_search.py's search; recommend()
+runs them in order and reports the result, with its reasoning, as a Recommendation.
+
 quantization (vLLM's --quantization: None, "int8", "int4", "fp8"; minillm.quant.schemes) prices
 every step with the scheme's weight bytes (K/V stay bf16): smaller weights leave more of each
 GPU to the KV cache, so step 1 may need less TP and step 2 fits more sequences. Autoscaling, the
@@ -33,23 +36,22 @@ DistServe counts) meet every bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minillm.calc import parallel
 from minillm.calc.hardware import Hardware, get_hardware
 from minillm.calc.models import ModelLike, as_config
 from minillm.calc.roofline import StepOverheads
-from minillm.metrics import Summary, percentile
+from minillm.metrics import Summary
 from minillm.plan.deployment import (
     Deployment,
     DeploymentRun,
     attainment,
     replica_share,
-    run_deployment,
     typical_length,
 )
+from minillm.plan.recipe_search import climb_max_num_seqs, refusal, search
 from minillm.plan.recipe_steps import (
     MAX_BATCHED_TOKENS,
     MAX_NUM_SEQS_CAP,
@@ -59,22 +61,15 @@ from minillm.plan.recipe_steps import (
     choose_layout,
     choose_max_num_seqs,
     layout_name,
-    tp_options,
 )
 from minillm.quant.schemes import get_scheme
-from minillm.sim.simulator import SimulationResult
 from minillm.workloads.streams import RequestSpec
 
-# The steps' names are re-exported: the chapters and labs know them as minillm.recipe's.
+# The steps' names (and step 4's climb) are re-exported: the chapters and labs know them as
+# minillm.recipe's.
 __all__ = ["MAX_BATCHED_TOKENS", "MAX_NUM_SEQS_CAP", "MIN_BATCHED_TOKENS", "MIN_FULL_SEQUENCES",
            "Recommendation", "attainment", "choose_batched_tokens", "choose_layout",
            "choose_max_num_seqs", "climb_max_num_seqs", "recommend", "replica_share"]
-
-GOODPUT_TOLERANCE = 0.05  # a search step must beat the current best by this share to replace it:
-# a steady-state window of a few hundred simulated requests measures goodput to a few per cent
-# (Poisson sampling), and a tie keeps the recipe's own, smaller TP
-SEQS_STEPS = 4  # max_num_seqs moves in steps of 1/SEQS_STEPS of the KV formula's value ...
-SEQS_RAISES = 4  # ... at most this many steps up (to twice the formula's value)
 
 
 @dataclass(frozen=True)
@@ -154,10 +149,10 @@ def recommend(model: ModelLike, hw: Hardware | str, workload: Sequence[RequestSp
                                quantization=scheme.name)
     budget = choose_batched_tokens(config, device, layout, seqs, typical, workload, slo,
                                    reasoning, step_overheads, quantization=scheme.name)
-    best, tried = _search(config, device, workload, slo, gpus, (layout, seqs, budget),
+    best, tried = search(config, device, workload, slo, gpus, (layout, seqs, budget),
                           attainment_target, sim_requests, step_overheads, quantization)
     if best.attainment < attainment_target:
-        raise ValueError(_refusal(tried, slo, attainment_target))
+        raise ValueError(refusal(tried, slo, attainment_target))
     return _report(model, device, gpus, best, tried, reasoning)
 
 
@@ -215,109 +210,3 @@ def _check_inputs(workload: Sequence[RequestSpec], slo: dict[str, float], gpus: 
         raise ValueError(f"attainment_target must be in (0, 1], got {attainment_target!r}")
     if not isinstance(sim_requests, int) or sim_requests < 1:
         raise ValueError(f"sim_requests must be a positive int, got {sim_requests!r}")
-
-
-def _search(config: Any, device: Hardware, workload: Sequence[RequestSpec],
-            slo: dict[str, float], gpus: int, start: tuple[parallel.ParallelConfig, int, int],
-            target: float, sim_requests: int, overheads: StepOverheads,
-            quantization: str | None = None) -> tuple[DeploymentRun, list[DeploymentRun]]:
-    """Step 4: from start (layout, max_num_seqs, budget), max_num_seqs by climb_max_num_seqs,
-    then the budget halved and doubled around it, then each wider TP with its own steps 2-3;
-    one knob at a time. The best meets the SLO with the most goodput."""
-    tried: dict[Deployment, DeploymentRun] = {}
-
-    def run(layout: parallel.ParallelConfig, seqs: int, budget: int) -> DeploymentRun:
-        chosen = Deployment(layout.tensor_parallel_size, layout.pipeline_parallel_size,
-                            gpus // layout.world_size, seqs, budget, quantization=quantization)
-        if chosen not in tried:
-            tried[chosen] = run_deployment(config, device, workload, slo, chosen,
-                                           sim_requests=sim_requests, overheads=overheads)
-        return tried[chosen]
-
-    def rank(t: DeploymentRun) -> tuple[bool, float, float]:
-        return t.attainment >= target, t.goodput, t.attainment
-
-    def keep_better(best: DeploymentRun, candidate: DeploymentRun) -> DeploymentRun:
-        # Within GOODPUT_TOLERANCE it is a tie (a few hundred requests are a noisy sample),
-        # and a tie keeps what came first: the recipe's own choice.
-        met, goodput, share = rank(candidate)
-        if (met, goodput * (1 - GOODPUT_TOLERANCE), share) > rank(best):
-            return candidate
-        return best
-
-    layout, seqs, budget = start
-    best = climb_max_num_seqs(lambda n: run(layout, n, budget), seqs, target)
-    for other in (max(budget // 2, MIN_BATCHED_TOKENS), min(budget * 2, MAX_BATCHED_TOKENS)):
-        best = keep_better(best, run(layout, best.deployment.max_num_seqs, other))
-    typical = typical_length(workload)
-    wider_tps = [] if layout.pipeline_parallel_size > 1 else [
-        t for t in tp_options(config, device, gpus) if t > layout.tensor_parallel_size]
-    for tp in wider_tps:
-        # A wider TP with its own recipe: fewer replicas, each with more KV room and faster steps
-        wider = parallel.ParallelConfig(tp)
-        seqs_wide = choose_max_num_seqs(config, device, wider, typical, [],
-                                        quantization=quantization)
-        budget_wide = choose_batched_tokens(config, device, wider, seqs_wide, typical,
-                                            workload, slo, [], overheads,
-                                            quantization=quantization)
-        best = keep_better(best, run(wider, seqs_wide, budget_wide))
-    return best, list(tried.values())
-
-
-def climb_max_num_seqs(run: Callable[[int], DeploymentRun], start: int, target: float
-                       ) -> DeploymentRun:
-    """The guide's rule for max_num_seqs: raise it until the SLO breaks, then back off one step.
-    The step is a quarter of start (the KV formula's value, SEQS_STEPS), at most SEQS_RAISES
-    raises (twice start, and 2 x MAX_NUM_SEQS_CAP at most); a raise stops early when the
-    batch never reached the current cap (its peak running batch is below it: a higher cap
-    cannot change the run). If start itself misses the SLO, lower it by the same steps until
-    it holds (or 1). run(n) simulates max_num_seqs n; the run returned is the last that met
-    attainment target (start's, if none did)."""
-    step = max(start // SEQS_STEPS, 1)
-    ceiling = min(start + SEQS_RAISES * step, 2 * MAX_NUM_SEQS_CAP)
-    current = run(start)
-    if current.attainment < target:
-        seqs = start
-        while seqs > 1:
-            seqs = max(seqs - step, 1)
-            lower = run(seqs)
-            if lower.attainment >= target:
-                return lower
-        return current
-    while current.deployment.max_num_seqs + step <= ceiling:
-        peak = max((len(r.scheduled) for r in current.result.trace), default=0)
-        if peak < current.deployment.max_num_seqs:
-            break  # the cap never bound: raising it cannot change the run
-        raised = run(current.deployment.max_num_seqs + step)
-        if raised.attainment < target:
-            break  # the SLO broke: back off one step, to current
-        current = raised
-    return current
-
-
-def _per_request(result: SimulationResult, name: str) -> list[float]:
-    """Each finished request's value of one SLO metric, as meets_slo reads it."""
-    values = []
-    for o in result.outputs:
-        m = o.metrics
-        value = (max(m.itl, default=0.0) if name == "itl"
-                 else m.e2e if name == "e2el" else getattr(m, name))
-        if value is not None:
-            values.append(value)
-    return values
-
-
-def _refusal(tried: list[DeploymentRun], slo: dict[str, float], target: float) -> str:
-    """Why no configuration meets the SLO: the metric met by the fewest requests in the
-    closest configuration, with the value that target of the requests reached."""
-    closest = max(tried, key=lambda t: (t.attainment, t.goodput))
-    binding = min(slo, key=lambda name: closest.shares[name])
-    reached = percentile(_per_request(closest.result, binding), 100 * target)
-    near = closest.deployment
-    return (f"no configuration meets the SLO: {binding.upper()} is the binding constraint. "
-            f"The closest of {len(tried)} simulated configs ({layout_name(near.layout)}, "
-            f"max_num_seqs {near.max_num_seqs}, max_num_batched_tokens "
-            f"{near.max_num_batched_tokens}) has p"
-            f"{100 * target:g} {binding.upper()} {reached * 1e3:.2f} ms against the bound of "
-            f"{slo[binding] * 1e3:.2f} ms ({closest.shares[binding]:.0%} of requests meet it, "
-            f"{target:.0%} must); loosen {binding!r}, lower the request rate, or use faster GPUs")

@@ -5,6 +5,7 @@
     hash_chain.py    vLLM's design: full blocks found by a hash chained over the prefix
     radix.py         SGLang's design: a radix tree of block runs keyed by tokens, evicting
                      least-recently-used leaves (page size of a block, or of one token)
+    radix_tree.py    that tree's structure: its nodes, the match walk, splits
     radix_blocks.py  that tree kept over the pool's blocks, as BlockManager's prefix cache
 
 A namespace: this file imports nothing.

@@ -14,14 +14,22 @@ import torch
 
 from minillm.attention.torch_ref import TorchAttention
 from minillm.batch import build_batch
-from minillm.kv_cache import allocate_kv_cache, kv_cache_block_bytes
+from minillm.calc.sizing import kv_cache_block_bytes
 from minillm.quant.kv import CALIBRATION_MARGIN, kv_storage_dtype, scales_from_amax
-from minillm.request import Request
+from minillm.request import Request, ScheduledRequest
 from minillm.sampling import SamplingParams
-from minillm.scheduler import ScheduledRequest
 
 CALIBRATION_TEXT = Path(__file__).resolve().parent.parent / "assets" / "shakespeare_prompts.txt"
 CALIBRATION_MAX_TOKENS = 1024
+
+
+def allocate_kv_cache(
+    num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+    dtype: torch.dtype, device: torch.device | str,
+) -> torch.Tensor:
+    """The whole KV pool, zeroed so that padded slots never hold NaN: (L, 2, N, P, K, D)."""
+    shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def calibration_token_ids(tokenizer: Any, vocab_size: int,

@@ -1,7 +1,8 @@
 """minillm serve: an OpenAI-compatible HTTP server over the engine, and a benchmark client.
 
     engine_loop.py  the engine on a thread of its own; each request's outputs as an async stream
-    protocol.py     OpenAI request bodies -> SamplingParams; responses, stream chunks, 4xx errors
+    protocol.py     OpenAI request bodies -> SamplingParams; 4xx errors
+    responses.py    response bodies and stream chunks: usage, log-probabilities
     config.py       ServerConfig: the API key, allowed hosts and origins, body and header limits
     guard.py        what a request must pass before any route: Host, Origin, key, JSON, body size
     prometheus.py   GET /metrics under vLLM's V1 names

@@ -4,9 +4,9 @@ One request's life: the guard (guard.py) checks its Host, Origin, key and conten
 its bounded body; the handler stamps its arrival, reserves an engine id, and on a worker thread
 (a 2 MB prompt takes seconds to tokenize, which must not stall the streams) parses the body
 (protocol.py), validates it and tokenizes it (Engine.make_request); then it hands the request to
-the engine thread and relays the outputs as they come, whole or as server-sent events. Every
-failure the client caused is a 4xx with OpenAI's error object; nothing it does reaches another
-request.
+the engine thread and relays the outputs as they come (responses.py writes them), whole or as
+server-sent events. Every failure the client caused is a 4xx with OpenAI's error object; nothing
+it does reaches another request.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from minillm.serve.prometheus import ServerMetrics
 from minillm.serve.protocol import (
     APIError,
     ParsedRequest,
-    ResponseWriter,
     check_model,
     engine_param,
     parse_chat,
     parse_completion,
 )
+from minillm.serve.responses import ResponseWriter
 
 log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 256  # an X-Request-Id is echoed, logged and traced: keep it a label

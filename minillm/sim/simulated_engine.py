@@ -25,9 +25,9 @@ from minillm.calc import parallel, roofline
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.model_config import ModelConfig
-from minillm.request import Request
+from minillm.request import Request, ScheduledRequest, SchedulerOutput
 from minillm.sampling import SamplingParams
-from minillm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.scheduler import Scheduler
 from minillm.sim.simulated_pool import block_bytes
 from minillm.spec.cost import with_verified_rows
 from minillm.spec.simulate import SimulatedSpeculation, is_speculative

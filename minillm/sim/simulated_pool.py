@@ -10,8 +10,8 @@ import dataclasses
 from typing import Any
 
 from minillm.calc import parallel, roofline, sizing
+from minillm.calc.sizing import kv_cache_block_bytes
 from minillm.config import EngineConfig
-from minillm.kv_cache import kv_cache_block_bytes
 from minillm.model_config import ModelConfig
 
 

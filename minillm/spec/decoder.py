@@ -17,8 +17,8 @@ import dataclasses
 import torch
 
 from minillm.model import LlamaForCausalLM
+from minillm.request import ScheduledRequest, SchedulerOutput
 from minillm.sampling import Sampler
-from minillm.scheduler import ScheduledRequest, SchedulerOutput
 from minillm.spec.config import SpeculativeConfig
 from minillm.spec.draft import DraftModelProposer
 from minillm.spec.ngram import propose_ngram

@@ -19,8 +19,8 @@ import torch
 
 from minillm.attention import get_backend
 from minillm.batch import flat_rows
-from minillm.kv_cache import allocate_kv_cache
 from minillm.model import LlamaForCausalLM
+from minillm.quant.kv_pool import allocate_kv_cache
 from minillm.request import Request
 from minillm.sampling import draw, sampling_probs
 

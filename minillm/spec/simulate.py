@@ -17,7 +17,7 @@ from typing import Any
 
 from minillm.calc.models import ModelLike, as_config
 from minillm.model_config import ModelConfig
-from minillm.scheduler import ScheduledRequest
+from minillm.request import ScheduledRequest
 from minillm.spec.config import SpeculativeConfig
 from minillm.spec.cost import check_acceptance_rate
 
