@@ -13,16 +13,12 @@ minillm.prefix_cache.base.PrefixCache that the block manager holds and never bra
 - "radix" (SGLang's RadixAttention, minillm.prefix_cache.radix_blocks): a tree of block runs
   keyed by tokens; plain free blocks are used first, then the least recently used leaf nobody
   holds gives up its last block.
-- "radix-token": the same tree matched token by token (SGLang's default page size of 1). A
-  match that ends inside a cached block reuses that block's first tokens too: the block is
-  copied into a fresh block of the new request (copy on write: BlockManager.copies, which the
-  engine makes before the step writes anything), which then computes from the first token
-  that differs. A finished request's partly filled last block stays in the tree for such
-  copies.
+- "radix-token": the same tree matched token by token (SGLang's default page size of 1); a
+  match ending inside a cached block copies that block's first tokens into a fresh one (copy
+  on write: BlockManager.copies, made by the engine before the step writes anything).
 
-A block is registered when the step that computes it is scheduled (vLLM V1), so a request
-admitted later in the same step finds it; only a copy needs K/V already computed, so blocks
-registered this step are never copied.
+A block is registered when the step that computes it is scheduled (vLLM V1; cache_full_blocks);
+only a copy needs K/V already computed, so blocks registered this step are never copied.
 """
 
 from __future__ import annotations
@@ -282,6 +278,15 @@ class BlockManager:
         block.hash, block.token_ids = None, ()  # it is about to hold other tokens
         block.ref_count = 1
         return block_id
+
+    def stats(self) -> dict[str, int]:
+        """The pool's size and the prefix cache's counters, as LLM.stats() reports them."""
+        return {"num_blocks": self.num_blocks, "num_free_blocks": self.num_free_blocks,
+                "prefix_cache_queries": self.prefix_cache_queries,
+                "prefix_cache_hits": self.prefix_cache_hits,
+                "prefix_cache_query_tokens": self.prefix_cache_query_tokens,
+                "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
+                "prefix_cache_evictions": self.prefix_cache_evictions}
 
     def _count_eviction(self, block_ids: list[int]) -> None:
         self._nodes = None

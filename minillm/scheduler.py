@@ -30,15 +30,11 @@ Only under "priority" with priority_preemption="for_waiting" (vLLM V0's rule) do
 request also preempt running requests of a worse rank and priority to get a seat or blocks; by
 default (V1) it waits for them.
 
-admission_policy, None by default, is a hook for a rule of one's own (chapter 09's exercise):
-a callable (request, scheduler) -> bool asked before each waiting request is admitted; a
-request it refuses is passed over for this step (the ones behind it may start), and its
-waiting_cause reads "seats", since what it was refused is a seat.
+admission_policy, None by default, is a hook for a rule of one's own (chapter 09's exercise;
+minillm.waiting_queue.AdmissionPolicy).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
@@ -49,15 +45,10 @@ from minillm.request import Request, RequestStatus, SchedulerOutput
 from minillm.request import ScheduledRequest as ScheduledRequest
 from minillm.request import WaitingCause as WaitingCause
 from minillm.swap import SwapSpace
-from minillm.waiting_queue import WaitingQueue
+from minillm.waiting_queue import AdmissionPolicy, AdmissionStalled, WaitingQueue
 
-# (a waiting request, the scheduler) -> whether it may be admitted now (Scheduler.admission_policy)
-AdmissionPolicy = Callable[["Request", "Scheduler"], bool]
-
-
-class AdmissionStalled(RuntimeError):
-    """The admission policy refused every waiting request while none runs: nothing would ever
-    change its mind, so the server would wait forever."""
+__all__ = ["AdmissionPolicy", "AdmissionStalled", "Phase", "ScheduledRequest", "Scheduler",
+           "SchedulerOutput", "WaitingCause"]
 
 
 class Scheduler:
@@ -331,22 +322,9 @@ class Scheduler:
 
     def stats(self, block_bytes: int) -> dict[str, int]:
         """The counters LLM.stats() and the simulator report; block_bytes prices swap copies."""
-        bm, swap = self.block_manager, self.swap_space
-        return {
-            "num_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free_blocks,
-            "num_preemptions": self.num_preemptions,
-            "num_recomputed_tokens": self.num_recomputed_tokens,
-            "num_swap_outs": swap.num_swap_outs if swap else 0,
-            "num_swap_ins": swap.num_swap_ins if swap else 0,
-            "swap_out_bytes": swap.swap_out_blocks * block_bytes if swap else 0,
-            "swap_in_bytes": swap.swap_in_blocks * block_bytes if swap else 0,
-            "num_swapped": sum(1 for r in self.waiting if r.swap_blocks),
-            "prefix_cache_queries": bm.prefix_cache_queries,
-            "prefix_cache_hits": bm.prefix_cache_hits,
-            "prefix_cache_query_tokens": bm.prefix_cache_query_tokens,
-            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
-            "prefix_cache_evictions": bm.prefix_cache_evictions,
-            "num_waiting": len(self.waiting),
-            "num_running": len(self.running),
-        }
+        swap = self.swap_space or SwapSpace(0)  # none: its counters are all 0
+        return {**self.block_manager.stats(), **swap.stats(block_bytes),
+                "num_preemptions": self.num_preemptions,
+                "num_recomputed_tokens": self.num_recomputed_tokens,
+                "num_swapped": sum(1 for r in self.waiting if r.swap_blocks),
+                "num_waiting": len(self.waiting), "num_running": len(self.running)}

@@ -70,6 +70,12 @@ class SwapSpace:
         self.swap_in_blocks += len(host_blocks)
         self.pending_free.extend(host_blocks)
 
+    def stats(self, block_bytes: int) -> dict[str, int]:
+        """Its counters as Scheduler.stats() reports them; block_bytes prices the copies."""
+        return {"num_swap_outs": self.num_swap_outs, "num_swap_ins": self.num_swap_ins,
+                "swap_out_bytes": self.swap_out_blocks * block_bytes,
+                "swap_in_bytes": self.swap_in_blocks * block_bytes}
+
     def free_swapped_in(self) -> None:
         """Free the host blocks the last step swapped in (its copies are made)."""
         if self.pending_free:

@@ -20,6 +20,11 @@
 
 Preempted requests keep their place at the front under "fcfs" and "lpm"; under "priority" they
 take their rank's place, or a preempted victim would be readmitted at once.
+
+Beside the order, Scheduler.admission_policy may hold a rule of one's own (AdmissionPolicy,
+chapter 09's exercise): asked before each waiting request is admitted; a request it refuses is
+passed over for this step (the ones behind it may start), and its waiting_cause reads "seats",
+since what it was refused is a seat.
 """
 
 from __future__ import annotations
@@ -28,10 +33,22 @@ import bisect
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minillm.config import SchedulingPolicy
 from minillm.request import Request
+
+if TYPE_CHECKING:
+    from minillm.scheduler import Scheduler
+
+# (a waiting request, the scheduler) -> whether it may be admitted now (Scheduler.admission_policy)
+AdmissionPolicy = Callable[[Request, "Scheduler"], bool]
+
+
+class AdmissionStalled(RuntimeError):
+    """The admission policy refused every waiting request while none runs: nothing would ever
+    change its mind, so the server would wait forever."""
+
 
 # LPM sorts at most this many waiting requests a step (one prefix match each); beyond, FCFS.
 LPM_MAX_WAITING = 128

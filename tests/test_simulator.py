@@ -211,10 +211,11 @@ def test_the_simulate_benchmark_runs_every_part_small(capsys: pytest.CaptureFixt
     from minillm.bench.__main__ import main
 
     argv = ["simulate", "--num-requests", "100", "--static-requests", "40", "--sweep-requests",
-            "40", "--rates", "10,100", "--calibration-requests", "4", "--max-num-seqs", "64"]
+            "40", "--rates", "10,100", "--calibration-requests", "4", "--defaults-requests", "4",
+            "--max-num-seqs", "64"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    for part in ("(a)", "(b)", "(c)", "(d)", "wall time", "continuous", "knee", "median |error|",
+    for part in ("(a)", "(b)", "(c)", "(d)", "(e) at the engine's defaults", "wall time", "continuous", "knee", "median |error|",
                  "TPOT p99", "simulated / real"):
         assert part in out
 

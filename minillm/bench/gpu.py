@@ -10,22 +10,20 @@ random weights in bf16 (a shape, not the checkpoint: nothing is downloaded):
 - throughput of the engine against transformers' generate on a nano-vllm-like workload (many
   sequences, prompts and outputs of 100-1024 random tokens), scaled to fit the run;
 - the GPU-marked tests, and one chapter under nbval (minillm.bench.gpu_checks).
-Writes DIR/gpu-bench.json and DIR/gpu-bench.md after every part, so a cut run keeps what it
-measured, with each part's seconds. The figures take 2-4 minutes on an H100 (an estimate: it
-has not run on one yet); the tests and the chapter get what is left of --budget (8 minutes),
-so the whole run fits a short loan. CUDA only. It imports nothing of the server (FastAPI,
-uvicorn, aiohttp, openai), which a lent GPU machine does not have.
+Writes DIR/gpu-bench.json and DIR/gpu-bench.md after every part (minillm.bench.gpu_report),
+so a cut run keeps what it measured, with each part's seconds. The figures take 2-4 minutes on
+an H100 (an estimate: it has not run on one yet); the tests and the chapter get what is left of
+--budget (8 minutes), so the whole run fits a short loan. CUDA only. It imports nothing of the
+server (FastAPI, uvicorn, aiohttp, openai), which a lent GPU machine does not have.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import torch
 
 from minillm.bench import gpu_checks, kernels
 from minillm.bench.engine import BenchRequest, generate_padded
+from minillm.bench.gpu_report import Run, write_report
 from minillm.bench.kernels import Figure
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.llm import LLM
@@ -195,14 +194,6 @@ def engine_vs_transformers(num_seqs: int, hf_batch: int) -> list[Figure]:
                    theirs / ours, target=3.0)]
 
 
-def write_report(out: Path, figures: list[Figure], notes: dict[str, object]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    report = {"notes": notes, "figures": [f.as_dict() for f in figures]}
-    (out / "gpu-bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["# minillm GPU benchmark", ""] + [f"- {k}: {v}" for k, v in notes.items()]
-    (out / "gpu-bench.md").write_text("\n".join(lines + ["", kernels.format_table(figures), ""]))
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kernels.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("."),
@@ -215,43 +206,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the chapter run under nbval")
     parser.add_argument("--budget", type=float, default=470.0,
                         help="seconds for the whole run: the tests and the chapter get the rest")
-
-
-class Run:
-    """The report so far: every part adds figures or notes and rewrites it at once."""
-
-    def __init__(self, out: Path, notes: dict[str, object]) -> None:
-        self.out, self.notes = out, notes
-        self.figures: list[Figure] = []
-        self.ok = True
-
-    def part(self, name: str, fn: Callable[[], list[Figure]]) -> None:
-        """Run one part, note its seconds, rewrite the report. A part that fails is noted,
-        with its traceback printed, and the run goes on: one failure must not cost the
-        other figures."""
-        start = time.perf_counter()
-        try:
-            new = fn()
-        except Exception as error:
-            traceback.print_exc()
-            self.notes[f"{name} failed"] = f"{type(error).__name__}: {error}"
-            self.ok, new = False, []
-        self.notes[f"seconds: {name}"] = round(time.perf_counter() - start, 1)
-        self.figures += new
-        write_report(self.out, self.figures, self.notes)
-        for f in new:
-            print(f"{f.name}: {kernels.number(f.value)} {f.unit}, {f.ratio:.2f} x "
-                  f"{f.baseline_name}", flush=True)
-
-    def check(self, name: str, fn: Callable[[], gpu_checks.CheckResult]) -> None:
-        """A part whose outcome is a check (tests, a chapter): a note, not a figure."""
-        def noted() -> list[Figure]:
-            result = fn()
-            self.notes[name] = result.summary()
-            self.ok &= result.ok
-            print(f"{name}: {result.summary()}", flush=True)
-            return []
-        self.part(name, noted)
 
 
 def engine_parts(run: Run, args: argparse.Namespace, copy_bandwidth: float) -> None:
@@ -291,6 +245,7 @@ def main(args: argparse.Namespace) -> int:
     run.part("kernels", lambda: kernels.kernel_figures(args, base, device))
     engine_parts(run, args, base.copy_bandwidth)
     free()  # the engines above are gone; the tests and the chapter allocate their own
+
     def left(reserve: float) -> float:  # seconds of the budget left, less a reserve; >= 60
         return max(60.0, args.budget - (time.perf_counter() - start) - reserve)
 

@@ -7,8 +7,8 @@ token per sequence (intensity ~ batch size, memory-bound); prefill reuses each w
 prompt (intensity ~ prompt length, compute-bound). The simulator advances its clock by
 `step_time`, so this module is pure Python arithmetic. The devices' peaks (Hardware, HARDWARE,
 HOST_LINKS, get_hardware) live in minillm.hardware and this machine's measured ones
-(measure_machine, which imports torch) in minillm.calc.machine_peaks; both are re-exported
-here.
+(measure_machine, which imports torch) in minillm.calc.machine_peaks, and what a priced step
+is (StepCost, SerialStepCost) in minillm.calc.step_cost; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,20 +17,18 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from minillm.calc.hardware import HARDWARE as HARDWARE
 from minillm.calc.hardware import HOST_LINKS as HOST_LINKS
 from minillm.calc.hardware import Hardware, get_hardware
 from minillm.calc.machine_peaks import measure_machine as measure_machine
 from minillm.calc.models import ModelLike, as_config
+from minillm.calc.step_cost import SerialStepCost, StepCost
 from minillm.calc.step_overheads import OVERHEAD_TERMS as OVERHEAD_TERMS
 from minillm.calc.step_overheads import StepOverheads
 from minillm.calc.step_overheads import attention_pairs as attention_pairs
 from minillm.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    pass
 
 
 def ridge_point(hw: Hardware | str) -> float:
@@ -38,33 +36,6 @@ def ridge_point(hw: Hardware | str) -> float:
     memory-bound, above it compute-bound (H100-SXM: ~295)."""
     device = get_hardware(hw)
     return device.flops / device.bandwidth
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """One step on the roofline. flops; bytes moved; compute_time = flops / peak FLOP/s and
-    memory_time = bytes / bandwidth (seconds); overhead (seconds); time = max of the two + overhead.
-    float(cost) is cost.time."""
-
-    flops: float
-    bytes: float
-    compute_time: float
-    memory_time: float
-    overhead: float
-    time: float
-
-    @property
-    def bound(self) -> Literal["compute", "memory"]:
-        """Which roof the step hits."""
-        return "compute" if self.compute_time >= self.memory_time else "memory"
-
-    @property
-    def arithmetic_intensity(self) -> float:
-        """FLOPs per byte moved."""
-        return self.flops / self.bytes
-
-    def __float__(self) -> float:
-        return self.time
 
 
 @dataclass(frozen=True)
@@ -155,7 +126,6 @@ def step_time(model: ModelLike, hw: Hardware | str, entries: Iterable[tuple[int,
                     max(compute_time, memory_time) + extra)
 
 
-
 def split_phases(entries: Iterable[tuple[int, int]]
                  ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(prefill part, decode part) of a step's entries: an entry of one new token is a decode,
@@ -166,22 +136,6 @@ def split_phases(entries: Iterable[tuple[int, int]]
     for entry in entries:
         (decode if entry[0] == 1 else prefill).append(entry)
     return prefill, decode
-
-
-@dataclass(frozen=True)
-class SerialStepCost:
-    """A mixed step priced by serial_phases: parts, the base cost model's costs of its prefill
-    part and of its decode part (the fixed per-step overhead in the last); overlap, the base's
-    cost of the whole step as one batch; interference as given. time = overlap.time +
-    interference x (the parts' times summed - overlap.time). float(cost) is cost.time."""
-
-    parts: tuple[StepCost, StepCost]
-    overlap: StepCost
-    interference: float
-    time: float
-
-    def __float__(self) -> float:
-        return self.time
 
 
 def serial_phases(base: Callable[..., StepCost] | None = None,

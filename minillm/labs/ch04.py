@@ -10,8 +10,10 @@ allocator is plugged into a real BlockManager that serves requests with the ship
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
+from minillm.kv_cache import BlockManager
 from minillm.labs.exercise import Exercise, close, expect_callable
 
 
@@ -42,7 +44,6 @@ def _engine_slots() -> tuple[list[tuple[str, int, list[int], int]], int]:
     import torch
 
     from minillm.batch import build_batch
-    from minillm.kv_cache import BlockManager
     from minillm.request import Request, ScheduledRequest
     from minillm.sampling import SamplingParams
 
@@ -219,7 +220,6 @@ def plugged_block_manager(grow_table: Any, num_blocks: int, block_size: int) -> 
     Swap it into an LLM: llm.engine.block_manager = llm.engine.scheduler.block_manager = it.
     It checks every call: blocks only appended, taken from the free list, enough of them.
     """
-    from minillm.kv_cache import BlockManager
 
     class ReaderBlockManager(BlockManager):
         def allocate(self, req: Any, num_tokens: int, match: Any = None) -> bool:
@@ -264,10 +264,7 @@ def grade_grow_table(grow_table: Any) -> str:
     for table, num_tokens, P, free in cases:
         error = _grow_case(grow_table, table, num_tokens, P, free)
         assert not error, error
-    import random
-
     from minillm import LLM, SamplingParams
-    from minillm.kv_cache import BlockManager
 
     P, num_blocks = 8, 24
     llm = LLM(block_size=P, num_kv_blocks=num_blocks, max_num_seqs=6, device="cpu")

@@ -4,11 +4,10 @@
 what minillm.serve.client.benchmark returns in result.records): each has prompt_len and
 output_len (tokens, output_len from the server's usage chunk), metrics (a RequestMetrics whose
 token_times are the arrival times of the streamed chunks with text, not of tokens: a chunk may
-carry several) and error (None, or why the request failed). The graders
-build records from a recorded stream of known shape, so the expected figures follow from
-vLLM's definitions: TPOT = (E2E - TTFT) / (output tokens - 1), 0 for a one-token reply; a
-failed request never counts as good. 07.3 sizes max_num_seqs with the KV formula and the
-roofline's decode step.
+carry several) and error (None, or why the request failed). The graders build records from a
+recorded stream of known shape, so the expected figures follow from vLLM's definitions:
+TPOT = (E2E - TTFT) / (output tokens - 1), 0 for a one-token reply; a failed request never
+counts as good. 07.3 sizes max_num_seqs with the KV formula and the roofline's decode step.
 """
 
 from __future__ import annotations
@@ -153,13 +152,9 @@ def grade_goodput(goodput: Any) -> str:
 
 def reference_capacity(runs: Mapping[float, Sequence[RequestRecord]], slo: Mapping[str, float],
                        attainment: float) -> float | None:
-    best = None
-    for rate in sorted(runs):
-        records = runs[rate]
-        if sum(is_good(r, slo) for r in records) < attainment * len(records):
-            break
-        best = rate
-    return best
+    """The highest offered rate up to which every run keeps `attainment` of its requests good."""
+    return _walk({rate: sum(is_good(r, slo) for r in records) >= attainment * len(records)
+                  for rate, records in runs.items()})
 
 
 def sweep_of_records(seed: int, rates: Sequence[float], capacity: float,
@@ -200,8 +195,10 @@ def capacity_hint(got: Any, runs: Mapping[float, Sequence[RequestRecord]], slo: 
     share = {rate: sum(is_good(r, slo) for r in rs) / len(rs) for rate, rs in runs.items()}
     ok_share = {rate: sum(is_good(r, slo) for r in rs) / max(1, sum(r.error is None for r in rs))
                 for rate, rs in runs.items()}
-    passing = [rate for rate, s in share.items() if s >= attainment]
-    if got == _walk(ok_share, attainment) != _walk(share, attainment):
+    passes = {rate: s >= attainment for rate, s in share.items()}
+    ok_passes = {rate: s >= attainment for rate, s in ok_share.items()}
+    passing = [rate for rate, ok in passes.items() if ok]
+    if got == _walk(ok_passes) != _walk(passes):
         return " (a failed request counts against the share: divide by all the requests)"
     if passing and got == max(passing):
         return (" (a rate past the first that misses the target does not count: once the queue "
@@ -212,11 +209,11 @@ def capacity_hint(got: Any, runs: Mapping[float, Sequence[RequestRecord]], slo: 
     return ""
 
 
-def _walk(share: Mapping[float, float], attainment: float) -> float | None:
-    """The highest rate before the first whose share misses attainment."""
+def _walk(passes: Mapping[float, bool]) -> float | None:
+    """The highest rate before the first that does not pass (None if the lowest does not)."""
     best = None
-    for rate in sorted(share):
-        if share[rate] < attainment:
+    for rate in sorted(passes):
+        if not passes[rate]:
             break
         best = rate
     return best

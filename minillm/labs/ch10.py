@@ -3,17 +3,15 @@
 10.1: the reader's acceptance rule for one request, accept(p, q, proposals, generator) -> the
 tokens it emits. Graded three ways: greedy cases (one-hot p) with known answers; many draws of
 k = 2 proposals on a small vocabulary, where every emitted position must follow its row of p
-(chi-square, minillm.spec.lossless): the first token, the second (an accepted proposal or a
-residual draw) and the bonus token, and proposals must be accepted as often as the rule allows
+(chi-square, minillm.spec.lossless) and proposals must be accepted as often as the rule allows
 (sum of min(p, q) at each position); and inside the engine, in place of
 minillm.spec.rejection.verify, on the tiny random model: greedy tokens equal to a plain run's,
 and sampled sequences whose every position passes the chapter's chi-square test.
 
 10.2: the reader's per-output-channel symmetric int8 quantizer, quantize(weight) -> (q, scale).
-Graded on matrices with an outlier row and an all-zero row: dtypes and shapes, the error bound
-(half a step of the row's own scale), each row using its whole range (the sign of a scale per
-row, not per tensor), agreement with minillm.quant.int8, and the quantized tiny model's greedy
-tokens in the engine.
+Graded on test_matrices(): dtypes and shapes, the error bound (half a step of the row's own
+scale), each row using its whole range (the sign of a scale per row, not per tensor), agreement
+with minillm.quant.int8, and the quantized tiny model's greedy tokens in the engine.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from unittest import mock
 import torch
 
 from minillm.labs.exercise import Exercise, expect_callable
+from minillm.sampling import SamplingParams, sampling_probs
 
 ACCEPT_SIGNATURE = "accept(p, q, proposals, generator) -> list of emitted token ids"
 NUM_DRAWS = 12000  # per distribution case: a 5% error in the first token's law is seen
@@ -146,7 +145,6 @@ def _check_distribution(accept: Callable) -> None:
 def _as_verify(accept: Callable) -> Callable:
     """The reader's per-request rule in the shape of minillm.spec.rejection.verify (the batch:
     every request's rows one after another), so the engine can call it."""
-    from minillm.sampling import sampling_probs
 
     def verify(logits, proposals, draft_probs, params, generators):
         row_params = [p for p, d in zip(params, proposals) for _ in range(len(d) + 1)]
@@ -168,36 +166,31 @@ def _as_verify(accept: Callable) -> Callable:
     return verify
 
 
+def _greedy_tokens(engine: Any, prompts: list[list[int]]) -> list[list[int]]:
+    """The 12 greedy tokens the engine generates for each prompt, in the prompts' order."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    ids = [engine.add_request(prompt, params) for prompt in prompts]
+    done = {}
+    while engine.has_unfinished_requests():
+        done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
+    return [done[i] for i in ids]
+
+
 def _check_in_engine(accept: Callable) -> None:
-    from minillm.sampling import SamplingParams
-    from minillm.spec.lossless import (
-        chi_square,
-        exact_position_pairs,
-        exact_sequences,
-        position_pairs,
-        sample_sequences,
-        tiny_engine,
-    )
+    from minillm.spec import lossless
 
-    def greedy_tokens(method: str | None) -> list[list[int]]:
-        engine = tiny_engine(method)
-        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-        ids = [engine.add_request([1, 2, 3, 1, 2, 3, 1, a], params) for a in range(8)]
-        done = {}
-        while engine.has_unfinished_requests():
-            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
-        return [done[i] for i in ids]
-
-    plain = greedy_tokens(None)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, a] for a in range(8)]
+    plain = _greedy_tokens(lossless.tiny_engine(None), prompts)
     with mock.patch("minillm.spec.decoder.verify", _as_verify(accept)):
         for method in ("ngram", "draft_model"):
-            assert greedy_tokens(method) == plain, (
+            assert _greedy_tokens(lossless.tiny_engine(method), prompts) == plain, (
                 f"in the engine ({method}), greedy tokens differ from a plain run's: under greedy "
                 "decoding the rule must emit exactly the target's argmax tokens")
-        sequences = sample_sequences(tiny_engine("draft_model", k=2), ENGINE_SAMPLES, 4)
-    exact = exact_position_pairs(exact_sequences(4))
-    for t, (counts, probs) in enumerate(zip(position_pairs(sequences), exact), start=1):
-        assert not chi_square(counts, probs).rejects, (
+        sequences = lossless.sample_sequences(lossless.tiny_engine("draft_model", k=2),
+                                              ENGINE_SAMPLES, 4)
+    exact = lossless.exact_position_pairs(lossless.exact_sequences(4))
+    for t, (counts, probs) in enumerate(zip(lossless.position_pairs(sequences), exact), start=1):
+        assert not lossless.chi_square(counts, probs).rejects, (
             f"in the engine (k = 2), the tiny model's sampled tokens at positions {t - 1} and "
             f"{t} do not follow the target's distribution (chi-square rejects): check the rule "
             "on every proposal, stopping at the first rejection, and the bonus token")
@@ -210,9 +203,8 @@ def grade_accept(accept: Any) -> str:
     _check_in_engine(accept)
     return ("greedy cases right, every emitted position (the bonus too) follows its row of p "
             f"over {len(CASES) * NUM_DRAWS:,} draws of k = 2 proposals at the rule's acceptance "
-            "rate, and inside the "
-            "engine the tiny model's tokens are unchanged. Speculation changes the speed, never "
-            "the distribution")
+            "rate, and inside the engine the tiny model's tokens are unchanged. Speculation "
+            "changes the speed, never the distribution")
 
 
 # ---- 10.2: a per-channel int8 quantizer ----------------------------------------------------
@@ -263,7 +255,6 @@ def _check_one(quantize: Callable, w: torch.Tensor) -> None:
 
 def _check_quantized_engine(quantize: Callable) -> None:
     from minillm.quant.int8 import quantize_model
-    from minillm.sampling import SamplingParams
     from minillm.spec.lossless import tiny_engine
 
     def tokens(patch: Callable | None) -> list[list[int]]:
@@ -273,12 +264,7 @@ def _check_quantized_engine(quantize: Callable) -> None:
         else:
             with mock.patch("minillm.quant.int8.quantize_per_channel", patch):
                 quantize_model(engine.model)
-        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-        ids = [engine.add_request([1, 2, 3, a], params) for a in range(8)]
-        done = {}
-        while engine.has_unfinished_requests():
-            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
-        return [done[i] for i in ids]
+        return _greedy_tokens(engine, [[1, 2, 3, a] for a in range(8)])
 
     def reshaped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, scale = quantize(weight)

@@ -7,6 +7,7 @@
     recipe.py          recommend(): the starting-config recipe as code, and its reasoning
     disaggregation.py  prefill and decode pools with the K/V shipped between them, and the
                        comparison with colocated serving at the recipe's configuration
+    disaggregation_results.py  DisaggregatedResult, Comparison: what those runs report
     autoscale.py       what a fleet scales on: GPU busy time, queue depth, SLO attainment
     dashboard.py       a run as an operator reads it: p99s, goodput, preemptions/min, KV usage
     failure_modes.py   the guide's failure-modes table reproduced in the simulator

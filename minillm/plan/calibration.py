@@ -234,7 +234,8 @@ def calibrate(llm: LLM, workload: Workload, *, hw: roofline.Hardware | None = No
                          f"{torch.get_num_threads()} threads: torch.set_num_threads(1) first")
     hw = hw or roofline.measure_machine()
     dtype_bytes = llm.model.lm_head.weight.element_size()
-    run_real(llm, at_time_zero(workload[:2]), clock)  # warm-up: first calls allocate, compile
+    # Warm-up on the longest prompts: a size's first call allocates (else it lands in the run).
+    run_real(llm, at_time_zero(sorted(workload, key=lambda s: s.prompt_len)[-2:]), clock)
     fit_run = run_real(llm, fit_workload, clock) if fit_workload is not None else None
     run = run_real(llm, workload, clock)
     real = list(zip(run.trace, run.step_times))

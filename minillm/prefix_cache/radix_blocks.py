@@ -3,8 +3,12 @@
 The tree itself only knows block ids and tokens; this is what the pool needs from it. Plain free
 blocks are handed out before any cached one, and when none is left the least recently used leaf
 nobody holds gives up its last block. Where a request computed blocks the tree already held, its
-table takes the tree's blocks (swaps) and its copies go back to the pool. In token-granular mode
-a finished request's partly filled last block stays in the tree, for the next turn to copy.
+table takes the tree's blocks (swaps) and its copies go back to the pool.
+
+Token-granular mode ("radix-token", SGLang's default page size of 1) matches token by token. A
+match that ends inside a cached block reuses that block's first tokens too: the block is copied
+into a fresh block of the new request (copy on write), which then computes from the first token
+that differs. A finished request's partly filled last block stays in the tree for such copies.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@
     guard.py        what a request must pass before any route: Host, Origin, key, JSON, body size
     prometheus.py   GET /metrics under vLLM's V1 names
     app.py          the FastAPI routes: completions, chat, models, tokenize, health, metrics
+    errors.py       what a failed request returns: the engine's errors as OpenAI error bodies
     running.py      uvicorn with a graceful shutdown; start_server() on a background thread
     __main__.py     `minillm serve [MODEL] --port 8000 ...` (python -m minillm.serve)
     client.py       benchmark(): measure any OpenAI-compatible server as vLLM's benchmark does

@@ -5,15 +5,14 @@ its bounded body; the handler stamps its arrival, reserves an engine id, and on 
 (a 2 MB prompt takes seconds to tokenize, which must not stall the streams) parses the body
 (protocol.py), validates it and tokenizes it (Engine.make_request); then it hands the request to
 the engine thread and relays the outputs as they come (responses.py writes them), whole or as
-server-sent events. Every failure the client caused is a 4xx with OpenAI's error object; nothing
-it does reaches another request.
+server-sent events. Every failure the client caused is a 4xx with OpenAI's error object
+(errors.py maps each failure to its status); nothing it does reaches another request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +21,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from minillm.llm import LLM
 from minillm.request import RequestOutput
 from minillm.serve.config import ServerConfig
 from minillm.serve.engine_loop import EngineDead, EngineLoop
+from minillm.serve.errors import add_error_handlers, engine_error
 from minillm.serve.guard import Guard
 from minillm.serve.prometheus import ServerMetrics
 from minillm.serve.protocol import (
@@ -41,7 +40,6 @@ from minillm.serve.protocol import (
 )
 from minillm.serve.responses import ResponseWriter
 
-log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 256  # an X-Request-Id is echoed, logged and traced: keep it a label
 
 
@@ -181,12 +179,6 @@ class Server:
         yield "data: [DONE]\n\n"
 
 
-def engine_error(e: EngineDead) -> APIError:
-    """A failed engine is a 500, a stopped one (shutting down) a 503."""
-    return APIError(str(e), status=e.status, kind="InternalServerError" if e.status == 500
-                    else "ServiceUnavailable")
-
-
 def tokenize_routes(app: FastAPI, server: Server) -> None:
     """vLLM's /tokenize and /detokenize, which benchmark clients use to align prompt lengths."""
     tok = server.llm.tokenizer
@@ -221,6 +213,8 @@ def tokenize_routes(app: FastAPI, server: Server) -> None:
         if tok is None:
             raise APIError("this checkpoint has no tokenizer", "tokens")
         return {"prompt": tok.decode(ids)}
+
+
 def build_app(llm: LLM, model_name: str | None = None, config: ServerConfig | None = None,
               bound_host: str = "127.0.0.1") -> FastAPI:
     """The OpenAI-compatible app serving llm; its engine loop runs while the app does.
@@ -278,28 +272,3 @@ def build_app(llm: LLM, model_name: str | None = None, config: ServerConfig | No
 
     tokenize_routes(app, server)
     return app
-
-
-def add_error_handlers(app: FastAPI) -> None:
-    """Every error as OpenAI's error object, 404 and 405 included; a bug is a logged 500."""
-
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(EngineDead)
-    async def engine_dead(_: Request, e: EngineDead) -> JSONResponse:
-        return JSONResponse(engine_error(e).body(), status_code=e.status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
-        kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(e.status_code,
-                                                                        "BadRequestError")
-        return JSONResponse(APIError(str(e.detail), status=e.status_code, kind=kind).body(),
-                            status_code=e.status_code, headers=getattr(e, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def bug(raw: Request, e: Exception) -> JSONResponse:
-        log.error("unexpected error on %s %s", raw.method, raw.url.path, exc_info=e)
-        return JSONResponse(APIError(f"internal error: {type(e).__name__}", status=500,
-                                     kind="InternalServerError").body(), status_code=500)
