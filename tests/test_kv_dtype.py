@@ -16,6 +16,7 @@ import pytest
 from minillm.calc import roofline, sizing
 from minillm.calc.roofline import Hardware
 from minillm.sim import simulator
+from minillm.sim.pricing import Pricing
 from minillm.workloads.streams import RequestSpec
 
 pytestmark = [pytest.mark.ch03, pytest.mark.ch10]  # KV sizing, KV dtype
@@ -136,7 +137,7 @@ def test_swaps_move_blocks_at_the_kv_dtype() -> None:
     for kv in (None, 1):
         config = simulator.resolve_config(mc, hw, 2, 1.0, {"preemption_mode": "swap",
                                                           "swap_space": 4}, kv)
-        sims[kv] = sim = simulator.Simulator(mc, hw, config, 2, kv_dtype_bytes=kv)
+        sims[kv] = sim = simulator.Simulator(mc, hw, config, Pricing(2, kv_dtype_bytes=kv))
         sim.run(work)
         swap = sim.scheduler.swap_space
         assert swap is not None and swap.swap_out_blocks > 0

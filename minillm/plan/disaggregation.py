@@ -51,7 +51,8 @@ from minillm.plan import recipe
 from minillm.plan.disaggregation_results import Comparison, DisaggregatedResult
 from minillm.sim.fleet import simulate_fleet
 from minillm.sim.kv_handover import DecodeReplica
-from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model, no_gc
+from minillm.sim.pricing import Pricing, StepTimer
+from minillm.sim.simulated_engine import Simulator, no_gc
 from minillm.sim.simulated_pool import resolve_config
 from minillm.sim.two_pools import KVTransfer, TwoPools
 from minillm.workloads.streams import RequestSpec, Workload
@@ -110,8 +111,8 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
     decode_kwargs = _check_options(first_token_from, decode_kwargs)
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     link = resolve_link(hardware.inter_node_link if kv_link is None else kv_link)
-    common = (mc, hardware, dtype_bytes, kv_dtype_bytes, gpu_memory_utilization, step_time,
-              interference)
+    common = (mc, hardware, Pricing(dtype_bytes, kv_dtype_bytes, step_time=step_time,
+                                    interference=interference), gpu_memory_utilization)
     prefill, prefill_layout = _pool("prefill", prefill_gpus, Simulator,
                                     dict(prefill_kwargs or {}), *common)
     decode, decode_layout = _pool("decode", decode_gpus, DecodeReplica, decode_kwargs, *common)
@@ -120,7 +121,7 @@ def simulate_disaggregated(model: str | ModelConfig, hw: str | roofline.Hardware
         decode[0].check_fits(i, spec)
     lanes = min(prefill_layout.world_size, decode_layout.world_size)
     wire = Link(f"{lanes} x {link.name}", link.bandwidth * lanes, link.latency)
-    per_token = sizing.kv_bytes_per_token(mc, kv_dtype_bytes or dtype_bytes)
+    per_token = sizing.kv_bytes_per_token(mc, common[2].kv_bytes)
     start = time.perf_counter()
     with no_gc():
         pools = TwoPools(prefill, decode, wire, per_token, first_token_from == "decode")
@@ -149,9 +150,8 @@ def _check_options(first_token_from: str, decode_kwargs: dict[str, Any] | None
 
 
 def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
-          model: ModelConfig, hw: roofline.Hardware, dtype_bytes: int,
-          kv_dtype_bytes: float | None, gpu_memory_utilization: float, step_time: StepTimer | None,
-          interference: float) -> tuple[list[Any], parallel.ParallelConfig]:
+          model: ModelConfig, hw: roofline.Hardware, pricing: Pricing,
+          gpu_memory_utilization: float) -> tuple[list[Any], parallel.ParallelConfig]:
     """gpus // (t x p) replicas of one pool and their TP x PP layout, taken out of kwargs."""
     layout = parallel.ParallelConfig(kwargs.pop("tensor_parallel_size", 1),
                                      kwargs.pop("pipeline_parallel_size", 1)).check(model)
@@ -159,13 +159,9 @@ def _pool(name: str, gpus: int, kind: type[Simulator], kwargs: dict[str, Any],
         raise ValueError(f"{name}_gpus={gpus} is not a multiple of the {name} replicas' "
                          f"{layout.world_size} GPUs (tensor_parallel_size x "
                          f"pipeline_parallel_size); change one or the other")
-    step_time = cost_model(step_time, layout)
-    if interference != 0:
-        step_time = roofline.serial_phases(step_time, interference)
-    config = resolve_config(model, hw, dtype_bytes, gpu_memory_utilization, kwargs,
-                            kv_dtype_bytes, None, layout)
-    return [kind(model, hw, config, dtype_bytes, record_block_tables=False,
-                 step_time=step_time, kv_dtype_bytes=kv_dtype_bytes, layout=layout)
+    config = resolve_config(model, hw, pricing.dtype_bytes, gpu_memory_utilization, kwargs,
+                            pricing.kv_dtype_bytes, None, layout)
+    return [kind(model, hw, config, pricing, record_block_tables=False, layout=layout)
             for _ in range(gpus // layout.world_size)], layout
 
 

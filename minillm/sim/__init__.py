@@ -1,5 +1,6 @@
 """The simulator and the fleet: the engine's own scheduler and block manager on a virtual clock.
 
+    pricing.py           Pricing: bytes per number, step overheads, the cost model, interference
     simulated_pool.py    the simulated GPU's KV pool: blocks left after the weights, per layout
     simulated_engine.py  Simulator: one engine's steps, each priced by a cost model
     simulator.py         simulate(): a workload through the simulated engine; goodput curves

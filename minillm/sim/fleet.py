@@ -33,6 +33,7 @@ from minillm.config import EngineConfig
 from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
+from minillm.sim.pricing import Pricing, StepTimer
 from minillm.sim.router import (
     ApproximateTreeRouter,
     PrefixAwareRouter,
@@ -42,7 +43,7 @@ from minillm.sim.router import (
     RoutingName,
     make_router,
 )
-from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model, no_gc
+from minillm.sim.simulated_engine import Simulator, no_gc
 from minillm.sim.simulated_pool import resolve_config
 from minillm.trace import StepRecord
 from minillm.workloads.prefixes import TokenRequestSpec
@@ -178,14 +179,10 @@ def simulate_fleet(model: str | ModelConfig, hw: str | roofline.Hardware,
     mc, hardware = models.as_config(model), roofline.get_hardware(hw)
     engine_kwargs.setdefault("enable_prefix_caching", True)
     layout = parallel.ParallelConfig(tensor_parallel_size).check(mc)
-    step_time = cost_model(step_time, layout)
-    if interference != 0:
-        step_time = roofline.serial_phases(step_time, interference)
+    pricing = Pricing(dtype_bytes, kv_dtype_bytes, overheads, step_time, interference)
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
                             kv_dtype_bytes, None, layout)
-    step_overheads = roofline.StepOverheads.of(overheads)
-    sims = [Simulator(mc, hardware, config, dtype_bytes, step_overheads, record_block_tables,
-                      step_time, kv_dtype_bytes=kv_dtype_bytes, layout=layout)
+    sims = [Simulator(mc, hardware, config, pricing, record_block_tables, layout=layout)
             for _ in range(num_replicas)]
     for i, spec in enumerate(workload):
         sims[0].check_fits(i, spec)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from minillm.calc import parallel, roofline
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
@@ -28,25 +28,13 @@ from minillm.model_config import ModelConfig
 from minillm.request import Request, ScheduledRequest, SchedulerOutput
 from minillm.sampling import SamplingParams
 from minillm.scheduler import Scheduler
+from minillm.sim.pricing import Pricing
 from minillm.sim.simulated_pool import block_bytes
 from minillm.spec.cost import with_verified_rows
 from minillm.spec.simulate import SimulatedSpeculation, is_speculative
 from minillm.step_loop import Executed, StepLoop
 from minillm.swap import SwapSpace, num_swap_blocks
 from minillm.workloads.streams import Arrivals, RequestSpec, Workload
-
-# A step's cost model: (model, hw, entries, dtype_bytes, *StepOverheads.as_tuple()) ->
-# roofline.StepCost, as roofline.step_time; called with the keyword kv_dtype_bytes too, but only
-# when the KV cache's dtype differs from the weights'.
-StepTimer = Callable[..., roofline.StepCost]
-
-
-def cost_model(step_time: StepTimer | None, layout: parallel.ParallelConfig) -> StepTimer:
-    """What a simulation prices its steps with: step_time as given, or (None) the roofline's
-    on the layout's GPUs (parallel_step_time, all-reduces included, on several)."""
-    if step_time is not None:
-        return step_time
-    return parallel.step_timer(layout) if layout.world_size > 1 else roofline.step_time
 
 
 @contextlib.contextmanager
@@ -66,35 +54,33 @@ class Simulator(StepLoop):
     """The engine's step loop around a real Scheduler and BlockManager, on a virtual clock."""
 
     def __init__(self, model: ModelConfig, hw: roofline.Hardware, config: EngineConfig,
-                 dtype_bytes: int = 2, overheads: roofline.StepOverheads | None = None,
-                 record_block_tables: bool = True, step_time: StepTimer = roofline.step_time,
-                 *, kv_dtype_bytes: float | None = None,
+                 pricing: Pricing | None = None, record_block_tables: bool = True, *,
                  speculation: SimulatedSpeculation | None = None,
                  layout: parallel.ParallelConfig | None = None):
+        """pricing: how its steps, pool and swaps are priced (minillm.sim.pricing; default: the
+        roofline at 2 bytes a number, no overheads). layout: the TP x PP GPUs it runs on."""
         assert config.num_kv_blocks is not None and config.max_model_len is not None
         if (config.speculative_config is None) != (speculation is None):
             raise ValueError("speculative decoding needs both config.speculative_config and "
                              "speculation=SimulatedSpeculation(acceptance_rate, draft), or "
                              "neither (simulate builds it from acceptance_rate=)")
         self.model, self.hw, self.config = model, hw, config
-        self.dtype_bytes = dtype_bytes
-        # Passed to step_time only when it differs, so cost models without the keyword still run.
-        self.step_kwargs = ({} if kv_dtype_bytes in (None, dtype_bytes)
-                            else {"kv_dtype_bytes": kv_dtype_bytes})
-        self.overheads = roofline.StepOverheads.of(overheads)
-        self._overhead_args = self.overheads.as_tuple()  # passed on every step, unpacked once
+        self.pricing = pricing = pricing or Pricing()
+        layout = layout or parallel.ParallelConfig()
+        self.dtype_bytes, self.step_kwargs = pricing.dtype_bytes, pricing.step_kwargs()
+        self._overhead_args = pricing.overheads.as_tuple()  # passed on every step, unpacked once
         self.record_block_tables = record_block_tables
-        self.step_time = step_time
+        self.step_time = pricing.timer(layout)  # virtual engines replace it (minillm.sim)
         self.speculation = speculation
         block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                      config.enable_prefix_caching, config.prefix_caching)
         # Bytes of a block on one GPU: each swaps its own shard over its own host link.
-        self.block_bytes = (block_bytes(model, config.block_size, dtype_bytes, kv_dtype_bytes,
-                                         speculation.draft if speculation else None)
-                            if layout is None or layout.world_size == 1 else
-                            parallel.kv_block_bytes_per_gpu(
-                                model, layout, config.block_size,
-                                dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes))
+        self.block_bytes = (block_bytes(model, config.block_size, pricing.dtype_bytes,
+                                        pricing.kv_dtype_bytes,
+                                        speculation.draft if speculation else None)
+                            if layout.world_size == 1 else
+                            parallel.kv_block_bytes_per_gpu(model, layout, config.block_size,
+                                                            pricing.kv_bytes))
         swap_space = (SwapSpace(num_swap_blocks(config.swap_space, self.block_bytes))
                       if config.preemption_mode == "swap" else None)
         # The prefix cache's snapshot only for pools up to TRACE_BLOCKS_MAX_POOL blocks (the

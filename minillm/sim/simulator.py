@@ -2,7 +2,8 @@
 GPU by the roofline, with the same outputs, trace and stats an LLM run gives; goodput curves.
 
 Under pipeline parallelism p virtual engines keep p batches in flight (minillm.virtual_engines);
-otherwise one Simulator steps the workload. Simulator and StepTimer are importable from here too.
+otherwise one Simulator steps the workload. Its pricing options become one Pricing
+(minillm.sim.pricing). Simulator and StepTimer are importable from here too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from minillm.metrics import Summary, summarize
 from minillm.model_config import ModelConfig
 from minillm.request import Request, RequestOutput
 from minillm.scheduler import AdmissionPolicy
-from minillm.sim.simulated_engine import Simulator, StepTimer, cost_model, no_gc
+from minillm.sim.pricing import Pricing, StepTimer
+from minillm.sim.simulated_engine import Simulator, no_gc
 from minillm.sim.simulated_pool import resolve_config
 from minillm.sim.virtual_engines import run_pipelined
 from minillm.spec.simulate import split_speculation
@@ -70,7 +72,7 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
     pool is what gpu_memory_utilization of hw.memory leaves after the weights.
     The options, each checked into one value at the door:
-    - pricing: dtype_bytes per weight (and per K/V number unless kv_dtype_bytes, e.g. 1 for an
+    - pricing (minillm.sim.pricing.Pricing): dtype_bytes per weight (and per K/V number unless kv_dtype_bytes, e.g. 1 for an
       fp8 cache, which also sizes the pool's blocks and the bytes a swap moves); overheads, what
       a step costs beyond its roof (roofline.StepOverheads or a dict of its fields; fitted by
       minillm.calibration); step_time, the cost model itself, called as roofline.step_time is
@@ -95,20 +97,19 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     pipelined = layout.pipeline_parallel_size > 1 and step_time is None
     _check_combination(layout, speculation, pipelined, admission_policy)
     draft = speculation.draft if speculation else None
+    pricing = Pricing(dtype_bytes, kv_dtype_bytes, overheads, step_time)
     config = resolve_config(mc, hardware, dtype_bytes, gpu_memory_utilization, engine_kwargs,
                             kv_dtype_bytes, draft, layout)
-    overheads = roofline.StepOverheads.of(overheads)
 
-    def make_engine(engine_config: EngineConfig, timer: StepTimer) -> Simulator:
-        return Simulator(mc, hardware, engine_config, dtype_bytes, overheads,
-                         record_block_tables, timer, kv_dtype_bytes=kv_dtype_bytes,
+    def make_engine(engine_config: EngineConfig) -> Simulator:
+        return Simulator(mc, hardware, engine_config, pricing, record_block_tables,
                          speculation=speculation, layout=layout)
 
     start = time.perf_counter()
     with no_gc():  # millions of small objects and no cycles: collections would only rescan
         requests, trace, stats = (  # under PP, p batches in flight, one per virtual engine
             run_pipelined(mc, hardware, config, layout, workload, make_engine) if pipelined else
-            _run(make_engine(config, cost_model(step_time, layout)), workload, admission_policy))
+            _run(make_engine(config), workload, admission_policy))
         outputs = [RequestOutput.of(r) for r in requests]
     return SimulationResult(outputs, trace, stats, config, mc, hardware,
                             wall_time=time.perf_counter() - start,

@@ -86,7 +86,7 @@ def run_pipelined(model: ModelConfig, hw: Any, config: EngineConfig,
                   layout: parallel.ParallelConfig, workload: Sequence[RequestSpec],
                   make_engine: Any) -> tuple[list[Request], list[StepRecord], dict[str, int]]:
     """Serve workload on layout.pipeline_parallel_size virtual engines, each given config with
-    1/p of its KV blocks; make_engine(config, step_time) -> Simulator. Returns the requests in
+    1/p of its KV blocks; make_engine(config) -> Simulator. Returns the requests in
     workload order, every engine's steps in order of start (renumbered), and the engines'
     counters summed."""
     p = layout.pipeline_parallel_size
@@ -95,7 +95,7 @@ def run_pipelined(model: ModelConfig, hw: Any, config: EngineConfig,
     pipeline = Pipeline(layout)
     engines: list[Simulator] = []
     for _ in range(p):
-        engine = make_engine(share, None)
+        engine = make_engine(share)
         engine.step_time = pipeline.timer(engine)
         engines.append(engine)
     for index, spec in enumerate(workload):
