@@ -34,9 +34,10 @@ from minillm.config import PrefixCaching
 from minillm.prefix_cache.base import PrefixCache, PrefixMatch
 from minillm.prefix_cache.hash_chain import HashChainCache, chain_hash
 from minillm.prefix_cache.radix_blocks import RadixPrefixCache
+from minillm.prefix_cache.snapshot import SnapshotView
 from minillm.quant.kv_pool import allocate_kv_cache as allocate_kv_cache
 from minillm.request import Request
-from minillm.trace import CacheNode, PrefixCacheSnapshot
+from minillm.trace import PrefixCacheSnapshot
 
 __all__ = ["Block", "BlockManager", "PrefixMatch", "allocate_kv_cache", "chain_hash",
            "kv_cache_block_bytes"]
@@ -91,12 +92,7 @@ class BlockManager:
         self.prefix_cache_hit_tokens = 0  # of those, tokens whose K/V were reused
         self.prefix_cache_evictions = 0  # cached blocks thrown away to make room
         self.evicted: list[int] = []  # their ids since the engine last took them (take_evicted)
-        # The last snapshot's nodes, reused until a match, free or eviction here, or a change
-        # the cache counts in its version, alters them (a decode step usually changes none): a
-        # traced step then costs O(running requests).
-        self._nodes: tuple[CacheNode, ...] | None = None
-        self._nodes_version = -1
-        self._node_ids: set[int] = set()
+        self.snapshots = SnapshotView(self.prefix_cache)  # the trace's, kept while unchanged
 
     @property
     def step(self) -> int:
@@ -185,7 +181,7 @@ class BlockManager:
         self.cached_free.pop(block_id, None)
 
     def _count_lookup(self, req: Request, match: PrefixMatch) -> None:
-        self._nodes = None
+        self.snapshots.stale()
         self.prefix_cache_queries += match.num_queried
         self.prefix_cache_hits += len(match.block_ids)
         if self.enable_prefix_caching:
@@ -197,7 +193,7 @@ class BlockManager:
         outlives the tails that are less likely to be asked for again."""
         self.prefix_cache.release(req, self.step)
         self._free_dropped()
-        self._nodes = None
+        self.snapshots.stale()
         for block_id in reversed(req.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -209,7 +205,7 @@ class BlockManager:
     def _free_dropped(self) -> None:
         """Blocks the cache let go of without an eviction are plain free blocks again."""
         for block_id in self.prefix_cache.take_dropped():
-            self._nodes = None
+            self.snapshots.stale()
             if block_id in self.cached_free:  # unheld: a partial leaf's block always is
                 del self.cached_free[block_id]
                 self.free_blocks.move_to_end(block_id, last=False)
@@ -289,7 +285,7 @@ class BlockManager:
                 "prefix_cache_evictions": self.prefix_cache_evictions}
 
     def _count_eviction(self, block_ids: list[int]) -> None:
-        self._nodes = None
+        self.snapshots.stale()
         self.prefix_cache_evictions += len(block_ids)
         self.evicted.extend(block_ids)
 
@@ -304,10 +300,5 @@ class BlockManager:
                  ) -> PrefixCacheSnapshot:
         """The prefix cache as minillm.trace.PrefixCacheSnapshot, with the requests holding it.
 
-        O(cached blocks + running requests' blocks): only for traced steps."""
-        cache = self.prefix_cache
-        if self._nodes is None or self._nodes_version != cache.version:
-            self._nodes, self._nodes_version = cache.cache_nodes(), cache.version
-            self._node_ids = {n.node_id for n in self._nodes}
-        return PrefixCacheSnapshot(cache.design, self._nodes,
-                                   cache.holders(running, self._node_ids), tuple(evicted))
+        O(cached blocks + running requests' blocks): only for traced steps (SnapshotView)."""
+        return self.snapshots.snapshot(running, evicted)

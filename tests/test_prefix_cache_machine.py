@@ -196,7 +196,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def the_reused_snapshot_equals_a_fresh_one(self) -> None:
         snapshot = self.bm.snapshot(self.running)  # nodes kept from the last change
-        self.bm._nodes = None  # and records kept from earlier builds
+        self.bm.snapshots.stale()  # and records kept from earlier builds
         if (tree := radix_tree(self.bm)) is not None:
             tree._snapshot_memo = {}
         else:

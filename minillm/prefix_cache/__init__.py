@@ -7,6 +7,7 @@
                      least-recently-used leaves (page size of a block, or of one token)
     radix_tree.py    that tree's structure: its nodes, the match walk, splits
     radix_blocks.py  that tree kept over the pool's blocks, as BlockManager's prefix cache
+    snapshot.py      the trace's view of the cache, rebuilt only when what it shows changed
 
 A namespace: this file imports nothing.
 """

@@ -72,10 +72,10 @@ def simulate(model: str | ModelConfig, hw: str | roofline.Hardware,
     engine_kwargs: EngineConfig's (block_size, max_num_seqs, ...); without num_kv_blocks the
     pool is what gpu_memory_utilization of hw.memory leaves after the weights.
     The options, each checked into one value at the door:
-    - pricing (minillm.sim.pricing.Pricing): dtype_bytes per weight (and per K/V number unless kv_dtype_bytes, e.g. 1 for an
-      fp8 cache, which also sizes the pool's blocks and the bytes a swap moves); overheads, what
-      a step costs beyond its roof (roofline.StepOverheads or a dict of its fields; fitted by
-      minillm.calibration); step_time, the cost model itself, called as roofline.step_time is
+    - pricing (one minillm.sim.pricing.Pricing): dtype_bytes per weight, and per K/V number
+      unless kv_dtype_bytes (1 for fp8: the pool's blocks and a swap's bytes too); overheads,
+      what a step costs beyond its roof (roofline.StepOverheads or a dict of its fields, fitted
+      by minillm.calibration); step_time, the cost model, called as roofline.step_time is
       (None: the roofline's, or parallel_step_time's on several GPUs).
     - speculation: speculative_config={"method": "ngram", "num_speculative_tokens": k} (an
       engine kwarg) with acceptance_rate, each proposal's chance of acceptance (i.i.d., seeded
