@@ -322,7 +322,7 @@ class Scheduler:
 
     def stats(self, block_bytes: int) -> dict[str, int]:
         """The counters LLM.stats() and the simulator report; block_bytes prices swap copies."""
-        swap = self.swap_space or SwapSpace(0)  # none: its counters are all 0
+        swap = SwapSpace(0) if self.swap_space is None else self.swap_space  # none: all 0
         return {**self.block_manager.stats(), **swap.stats(block_bytes),
                 "num_preemptions": self.num_preemptions,
                 "num_recomputed_tokens": self.num_recomputed_tokens,
