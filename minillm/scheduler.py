@@ -4,34 +4,28 @@ Continuous batching (Orca's iteration-level scheduling): requests join and leave
 every step. A step has a token budget (max_num_batched_tokens) and a seat count (max_num_seqs).
 
 - With chunked prefill (Sarathi-Serve): running requests first, in the order they were admitted
-  (decodes take one token each; an unfinished prompt takes a chunk of what is left), then new
-  requests fill the rest of the budget with prompt chunks, so one step can mix decodes and
-  prefill.
+  (a decode takes one token, an unfinished prompt a chunk of what is left), then new requests
+  fill the rest of the budget with prompt chunks: one step can mix decodes and prefill.
 - Without it: whenever a waiting request fits, the step is a prefill step of whole prompts (the
   running decodes sit it out); otherwise it is a decode step.
 - "static" scheduling admits a batch only when the previous one has completely finished.
-- With speculative decoding (minillm.spec) a decode takes 1 + k tokens: its last token and up to
-  k proposed ones, which the target checks in one forward; the budget and the blocks are
-  reserved for all of them, and the engine gives back what the proposals did not use.
+- Under speculative decoding (minillm.spec) a decode takes 1 + k tokens, its last and up to k
+  proposed ones, checked in one forward; the engine gives back what the proposals did not use.
 
-Waiting requests are admitted in the order of scheduling_policy (minillm.waiting_queue: "fcfs",
-"priority" with ageing, or "lpm"). Admission is in order: whatever stops it (no seat, no blocks,
-no token budget, a static batch still running) stops everyone behind too, and the step records
-it (SchedulerOutput.waiting_cause) so that queueing can be explained.
+Waiting requests are admitted in the order of scheduling_policy (minillm.waiting_queue), and in
+order: whatever stops one (no seat, no blocks, no token budget, a static batch still running)
+stops everyone behind it too, and the step records it (SchedulerOutput.waiting_cause).
+admission_policy (None by default) is a hook for a rule of one's own (chapter 09's exercise).
 
 KV blocks are allocated a step at a time. When the pool runs dry, the running request that
 matters least is preempted: the newest, or under "priority" the worst ranked (running is kept
 in rank order), as vLLM V1 picks its victim. Under preemption_mode="recompute" its blocks are
-freed (tail first, so with prefix caching its prefix stays cached longest and much of its
-recompute is a cache hit, the more the sooner it resumes) and it goes back to the queue, to be
-computed again later from its prompt and the tokens it already produced; under "swap" its
-computed blocks are copied to the host pool first (minillm.swap) and back when it resumes.
-Only under "priority" with priority_preemption="for_waiting" (vLLM V0's rule) does a waiting
-request also preempt running requests of a worse rank and priority to get a seat or blocks; by
-default (V1) it waits for them.
-
-admission_policy, None by default, is a hook for a rule of one's own (chapter 09's exercise;
-minillm.waiting_queue.AdmissionPolicy).
+freed, tail first (with prefix caching its prefix stays cached longest, so much of its
+recompute is a cache hit), and it goes back to the queue to be computed again from its prompt
+and the tokens it produced; under "swap" its computed blocks are parked in the host pool
+(minillm.swap) until it resumes. Only under "priority" with priority_preemption="for_waiting"
+(vLLM V0's rule) does a waiting request also preempt running requests of a worse rank and
+priority to get a seat or blocks; by default (V1) it waits for them.
 """
 
 from __future__ import annotations
@@ -54,10 +48,12 @@ __all__ = ["AdmissionPolicy", "AdmissionStalled", "Phase", "ScheduledRequest", "
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager,
                  swap_space: SwapSpace | None = None):
-        """swap_space: the host pool under preemption_mode="swap" (None: recompute always)."""
+        """swap_space: the host pool under preemption_mode="swap" (else a pool of no blocks:
+        every preemption recomputes)."""
         self.config = config
         self.block_manager = block_manager
-        self.swap_space = swap_space if config.preemption_mode == "swap" else None
+        self.swap_space = (swap_space if config.preemption_mode == "swap" and swap_space
+                           else SwapSpace(0))
         self.waiting = WaitingQueue(config.scheduling_policy, block_manager.match_prefix,
                                     config.priority_aging_steps)
         self.admission_policy: AdmissionPolicy | None = None  # see the module docstring
@@ -76,8 +72,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        if self.swap_space is not None:
-            self.swap_space.free_swapped_in()
+        self.swap_space.free_swapped_in()
         budget = self.config.max_num_batched_tokens
         if self.config.scheduling == "static":
             if not self.running:
@@ -108,9 +103,7 @@ class Scheduler:
         self.waiting.forget(req)
         self.block_manager.free(req)
         if req.swap_blocks:  # aborted while swapped out
-            assert self.swap_space is not None
-            self.swap_space.free(req.swap_blocks)
-            req.swap_blocks = []
+            self.swap_space.release(req)
         req.status = RequestStatus.FINISHED
 
     def _prefill_chunk(self, num_left: int, budget: int, nothing_scheduled: bool) -> int:
@@ -166,13 +159,7 @@ class Scheduler:
         """Send a running request back to the queue: its K/V swapped out, or dropped."""
         out.preempted.append(req)
         computed = req.block_table[:self.block_manager.num_blocks_for(req.num_computed_tokens)]
-        host = (self.swap_space.swap_out(computed)
-                if self.swap_space is not None and computed else None)
-        if host is not None:  # swap: the K/V survive in the host pool
-            out.swap_out.extend(zip(computed, host))
-            out.swapped_out.append(req)
-            req.swap_blocks, req.status = host, RequestStatus.SWAPPED
-        else:  # recompute (or the host pool is full)
+        if not self.swap_space.swap_out(req, computed, out):  # no host pool, or it is full:
             self.num_recomputed_tokens += req.num_computed_tokens
             req.num_computed_tokens, req.status = 0, RequestStatus.WAITING
         self.block_manager.free(req)
@@ -182,12 +169,10 @@ class Scheduler:
     def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         """Under priority_preemption="for_waiting" (vLLM V0), preempt running requests of a worse
         rank and a worse priority than the first waiting one until it has a seat and blocks for
-        its first chunk. By default ("out_of_blocks", vLLM V1) nothing is preempted for a
-        waiting request.
+        its first chunk; by default ("out_of_blocks", vLLM V1) nobody is preempted for it.
 
-        The priority test is what V0 compares (it has no ageing). Ageing alone must not preempt:
-        two requests of one class would take turns, each ageing past the other while it waits,
-        and with every turn throwing computed tokens away neither would ever finish."""
+        Priority, not only rank, as V0 (which has no ageing) compares: were ageing alone enough,
+        two requests of one class would take turns preempting each other, and neither finish."""
         if self.config.priority_preemption != "for_waiting" or not self.waiting:
             return
         self.waiting.order()
@@ -224,10 +209,8 @@ class Scheduler:
         try:
             while self.waiting:
                 budget = self._admit_in_order(out, budget, self.admission_policy)
-                if not self.waiting or out.waiting_cause != "seats" \
-                        or len(self.running) >= self.config.max_num_seqs \
-                        or self.waiting[0] in out.preempted:
-                    break
+                if out.waiting_cause != "seats" or len(self.running) >= self.config.max_num_seqs:
+                    break  # admitted everyone, or stopped by something other than the policy
                 refused.append(self.waiting.popleft())  # the policy's no: try the next one
         finally:
             self.waiting.extendleft(reversed(refused))
@@ -303,12 +286,8 @@ class Scheduler:
         """Move the head of the queue to running, its first num_cached_tokens already in the
         cache (a prefix hit, or the K/V of a swapped request, copied back now)."""
         rank = self.waiting.start(req)
-        if req.swap_blocks:  # copy its K/V back into the first blocks of its new table
-            assert self.swap_space is not None
-            out.swap_in.extend(zip(req.swap_blocks, req.block_table))
-            out.swapped_in.append(req)
-            self.swap_space.swap_in(req.swap_blocks)
-            req.swap_blocks = []
+        if req.swap_blocks:  # its K/V come back from the host pool
+            self.swap_space.swap_in(req, out)
         else:
             req.num_computed_tokens = num_cached_tokens
             req.num_prefill_tokens = req.num_tokens
@@ -322,8 +301,7 @@ class Scheduler:
 
     def stats(self, block_bytes: int) -> dict[str, int]:
         """The counters LLM.stats() and the simulator report; block_bytes prices swap copies."""
-        swap = SwapSpace(0) if self.swap_space is None else self.swap_space  # none: all 0
-        return {**self.block_manager.stats(), **swap.stats(block_bytes),
+        return {**self.block_manager.stats(), **self.swap_space.stats(block_bytes),
                 "num_preemptions": self.num_preemptions,
                 "num_recomputed_tokens": self.num_recomputed_tokens,
                 "num_swapped": sum(1 for r in self.waiting if r.swap_blocks),

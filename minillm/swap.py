@@ -7,8 +7,10 @@ copied back into fresh device blocks when it resumes: memory for bytes over the 
 (PCIe, NVLink-C2C), and no token is computed twice. When the host pool is full the request is
 recomputed instead.
 
-SwapSpace is the host pool's bookkeeping (which host blocks are free, which wait to be freed,
-what went out and came back), owned by the scheduler.
+SwapSpace is the host pool's bookkeeping, owned by the scheduler: which host blocks are free
+and which wait to be freed, what went out and came back; it writes a swap's copies into the
+step's plan (SchedulerOutput.swap_out, swap_in). Under preemption_mode="recompute" the
+scheduler holds a pool of no blocks, so every preemption recomputes.
 KVSwapper holds the host tensor and makes the copies an engine step asks for. On a GPU the host
 pool is pinned and the copies run on a side stream, so they are asynchronous to the host; the
 step's kernels wait for them (an event) because they read the blocks swapped in and overwrite
@@ -18,7 +20,14 @@ are real and cost real bytes of bandwidth, which is what a chapter measures.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+from minillm.request import RequestStatus
+
+if TYPE_CHECKING:
+    from minillm.request import Request, SchedulerOutput
 
 GIB = 1 << 30
 
@@ -54,21 +63,35 @@ class SwapSpace:
     def free(self, block_ids: list[int]) -> None:
         self.free_blocks.extend(reversed(block_ids))
 
-    def swap_out(self, device_blocks: list[int]) -> list[int] | None:
-        """The host blocks one request's device_blocks are copied into, in order, counted as a
-        swap-out; None (nothing taken) if the pool has too few free: it is recomputed instead."""
-        host = self.allocate(len(device_blocks))
-        if host is not None:
-            self.num_swap_outs += 1
-            self.swap_out_blocks += len(device_blocks)
-        return host
+    def swap_out(self, req: Request, device_blocks: list[int], out: SchedulerOutput) -> bool:
+        """Park req's computed device_blocks in host blocks, in order: the step's plan (out)
+        gets the copies, req the host blocks. False (nothing taken) if the pool has too few
+        free: req is recomputed instead."""
+        host = self.allocate(len(device_blocks)) if device_blocks else None
+        if host is None:
+            return False
+        self.num_swap_outs += 1
+        self.swap_out_blocks += len(device_blocks)
+        out.swap_out.extend(zip(device_blocks, host))
+        out.swapped_out.append(req)
+        req.swap_blocks, req.status = host, RequestStatus.SWAPPED
+        return True
 
-    def swap_in(self, host_blocks: list[int]) -> None:
-        """Count one request's host_blocks as copied back; they are freed by the next step's
-        free_swapped_in, once this step's copies have read them."""
+    def swap_in(self, req: Request, out: SchedulerOutput) -> None:
+        """Copy req's host blocks back into the first blocks of its new table (the step's plan
+        gets the copies); they are freed by the next step's free_swapped_in, once this step's
+        copies have read them."""
+        out.swap_in.extend(zip(req.swap_blocks, req.block_table))
+        out.swapped_in.append(req)
         self.num_swap_ins += 1
-        self.swap_in_blocks += len(host_blocks)
-        self.pending_free.extend(host_blocks)
+        self.swap_in_blocks += len(req.swap_blocks)
+        self.pending_free.extend(req.swap_blocks)
+        req.swap_blocks = []
+
+    def release(self, req: Request) -> None:
+        """Free the host blocks of req, finished or aborted while swapped out."""
+        self.free(req.swap_blocks)
+        req.swap_blocks = []
 
     def stats(self, block_bytes: int) -> dict[str, int]:
         """Its counters as Scheduler.stats() reports them; block_bytes prices the copies."""

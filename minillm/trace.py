@@ -129,6 +129,6 @@ def step_record(step: int, out: SchedulerOutput, start: float, end: float,
         swapped_in=[r.request_id for r in out.swapped_in],
         swap_out_blocks=len(out.swap_out), swap_in_blocks=len(out.swap_in),
         swapped=[r.request_id for r in scheduler.waiting if r.swap_blocks]
-        if scheduler.swap_space is not None else [],
+        if scheduler.swap_space.num_blocks else [],
         num_waiting=len(scheduler.waiting), waiting_cause=out.waiting_cause,
         num_draft_tokens=out.num_draft_tokens, num_accepted_tokens=out.num_accepted_tokens)

@@ -140,12 +140,12 @@ def test_swaps_move_blocks_at_the_kv_dtype() -> None:
         sims[kv] = sim = simulator.Simulator(mc, hw, config, Pricing(2, kv_dtype_bytes=kv))
         sim.run(work)
         swap = sim.scheduler.swap_space
-        assert swap is not None and swap.swap_out_blocks > 0
+        assert swap.swap_out_blocks > 0
         assert sim.stats()["swap_out_bytes"] == swap.swap_out_blocks * sim.block_bytes
     assert sims[None].block_bytes == KV_NUMBERS_PER_TOKEN * BLOCK_SIZE * 2 == \
         2 * sims[1].block_bytes
     assert sims[1].scheduler.swap_space.num_blocks == \
-        2 * sims[None].scheduler.swap_space.num_blocks  # type: ignore[union-attr]
+        2 * sims[None].scheduler.swap_space.num_blocks
 
 
 def test_a_cost_model_without_the_keyword_still_runs() -> None:
