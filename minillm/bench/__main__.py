@@ -1,5 +1,5 @@
-"""python -m minillm.bench engine | host | serve | simulate | kernels | gpu | prefix | preempt |
-spec | quant | chapters: side-by-side figures, and the chapters run outside Jupyter."""
+"""python -m minillm.bench engine | overhead | host | serve | simulate | kernels | gpu | prefix |
+preempt | spec | quant | chapters: side-by-side figures, and the chapters run outside Jupyter."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from minillm.bench import (
     gpu,
     host,
     kernels,
+    overhead,
     preempt,
     prefix,
     quant,
@@ -27,9 +28,9 @@ from minillm.calc import machine
 # Each command is the module that runs it: add_arguments(parser) and main(args), which returns
 # an exit status or, for engine and simulate, the figures it printed (then 0). Those that time
 # the Triton kernels on an NVIDIA GPU need CUDA.
-COMMANDS = {"engine": engine, "host": host, "kernels": kernels, "gpu": gpu, "serve": serve,
-            "simulate": simulate, "chapters": chapters, "tiles": tiles, "prefix": prefix,
-            "preempt": preempt, "spec": spec, "quant": quant}
+COMMANDS = {"engine": engine, "overhead": overhead, "host": host, "kernels": kernels, "gpu": gpu,
+            "serve": serve, "simulate": simulate, "chapters": chapters, "tiles": tiles,
+            "prefix": prefix, "preempt": preempt, "spec": spec, "quant": quant}
 NEEDS_CUDA = {"kernels", "gpu"}
 
 
