@@ -5,7 +5,7 @@ All tokens of the step sit in one flat row of T tokens, request after request (n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -57,24 +57,32 @@ class Batch:
     attn: AttentionMetadata
     sample_indices: torch.Tensor  # (S,)
     sampled: list[ScheduledRequest]  # the requests behind sample_indices, in the same order
+    # Asynchronous scheduling: (row, request id) of each input the previous step is still
+    # sampling; input_ids holds 0 there until the engine copies the token in on the device.
+    placeholder_rows: list[tuple[int, str]] = field(default_factory=list)
 
 
 def build_batch(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> Batch:
     """A request's rows are its tokens from num_computed_tokens on: known ones, then its
-    proposed ones (request.spec_token_ids) when it has them."""
-    rows, sample_rows, sampled = [], [], []
+    proposed ones (request.spec_token_ids) when it has them. Under asynchronous scheduling a
+    decode's one input may be the token the previous step is still sampling (a placeholder)."""
+    rows, sample_rows, sampled, placeholders = [], [], [], []
     first_row = 0
     for s in scheduled:
         req, start = s.request, s.num_computed_tokens
         spec = req.spec_token_ids
         known_end = start + s.num_tokens - len(spec)
-        rows.append((req.token_ids[start:known_end] + spec, start, req.block_table))
+        tokens = req.token_ids[start:known_end]
+        if known_end > req.num_tokens:  # the step's last input is a placeholder
+            placeholders.append((first_row + len(tokens), req.request_id))
+            tokens.append(0)
+        rows.append((tokens + spec, start, req.block_table))
         first_row += s.num_tokens
-        if known_end == req.num_tokens:  # all known tokens in: the last one's logits pick the next
-            sample_rows += range(first_row - 1 - len(spec), first_row)
+        if known_end == req.num_tokens + req.num_placeholders:  # all known tokens in: the last
+            sample_rows += range(first_row - 1 - len(spec), first_row)  # one's logits pick the next
             sampled.append(s)
     input_ids, positions, attn, sample_d = flat_rows(rows, block_size, device, sample_rows)
-    return Batch(input_ids, positions, attn, sample_d, sampled)
+    return Batch(input_ids, positions, attn, sample_d, sampled, placeholders)
 
 
 def flat_rows(rows: list[tuple[list[int], int, list[int]]], block_size: int, device: torch.device,

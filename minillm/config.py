@@ -93,6 +93,11 @@ class EngineConfig:
     speculative_config: None, or speculative decoding's settings (minillm.spec): a
         SpeculativeConfig or vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4,
         "prompt_lookup_max": 3} or {"model": PATH, "num_speculative_tokens": 4}.
+    async_scheduling: schedule and launch step n+1 before reading step n's tokens (vLLM's
+        name), so the host's work overlaps the device's; a token that ends its request is found
+        one step late and the token sampled after it is discarded. Off by default: on a CPU
+        the device is the host, so there is nothing to overlap (minillm.bench overhead).
+        Not with speculative_config.
     """
 
     block_size: int = 16
@@ -117,6 +122,7 @@ class EngineConfig:
     quantization: Quantization | None = None
     kv_cache_dtype: KVCacheDtype = "auto"
     speculative_config: SpeculativeConfig | None = None
+    async_scheduling: bool = False
     max_logprobs: int = 20
     seed: int = 0
 
@@ -165,6 +171,13 @@ class EngineConfig:
                   or isinstance(self.speculative_config, SpeculativeConfig)):
             raise ValueError(f"speculative_config must be None, a dict or a SpeculativeConfig, "
                              f"got {self.speculative_config!r}")
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(
+                f"async_scheduling must be True or False, got {self.async_scheduling!r}")
+        if self.async_scheduling and self.speculative_config is not None:
+            raise ValueError("async_scheduling=True does not combine with speculative_config in "
+                             "minillm: a step's proposals are checked against tokens the host "
+                             "must read first; turn one of them off")
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):

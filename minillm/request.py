@@ -59,6 +59,10 @@ class Request:
     # KV cache holds (its proposals are fed back to it; 0 after a preemption).
     spec_token_ids: list[int] = field(default_factory=list)
     num_draft_computed: int = 0
+    # Asynchronous scheduling: tokens the device has sampled for this request that the host has
+    # not read yet (vLLM's num_output_placeholders). They follow token_ids: the next step feeds
+    # the last one to the model from the device, and they count towards max_tokens.
+    num_placeholders: int = 0
     finish_reason: FinishReason | None = None
     output_logprobs: list[dict[int, float]] = field(default_factory=list)
     text: str = ""

@@ -169,6 +169,53 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int) -> torch.
     return logits.masked_fill(logits < kth_best, float("-inf"))
 
 
+@dataclass
+class DeviceSample:
+    """One step's sampled tokens before the host has read them.
+
+    tokens (B,) int64 stays on the device. host is the copy read() returns from: the tokens, or
+    with logprobs (B, 2 + 2k) float64 rows of token, its logprob, the top-k ids and their
+    logprobs. On a GPU the copy goes to pinned memory behind an event as soon as the sampling
+    kernels are queued, so read() waits for this step's kernels only, not for a step queued
+    after it; on a CPU host is the result itself.
+    """
+
+    tokens: torch.Tensor
+    params: list[SamplingParams]
+    host: torch.Tensor
+    ready: torch.cuda.Event | None
+    k: int | None = None  # logprobs' width; None: no row asked for logprobs
+
+    def read(self) -> SampleResult:
+        if self.ready is not None:
+            self.ready.synchronize()
+        if self.k is None:
+            return SampleResult(self.host.tolist(), [None] * len(self.params))
+        rows, k = self.host.tolist(), self.k
+        logprobs: list[dict[int, float] | None] = []
+        for row, p in zip(rows, self.params):
+            if p.logprobs is None:
+                logprobs.append(None)
+                continue
+            ids, values = row[2:2 + p.logprobs], row[2 + k:2 + k + p.logprobs]
+            entry = {int(t): v for t, v in zip(ids, values)}
+            entry[int(row[0])] = row[1]
+            logprobs.append(entry)
+        return SampleResult([int(row[0]) for row in rows], logprobs)
+
+
+def device_to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """t's copy on the host, and on a GPU the event after which it holds t: the copy is
+    queued behind the kernels that compute t, into pinned memory, without waiting for them."""
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
 class Sampler:
     """Picks one token per row of logits, each row with its own request's parameters.
 
@@ -186,11 +233,32 @@ class Sampler:
     ) -> SampleResult:
         """logits (B, V), one row per request that samples this step; generators[i] is row i's
         (None for greedy rows)."""
+        return self.launch(logits, params, generators).read()
+
+    def launch(self, logits: torch.Tensor, params: list[SamplingParams],
+               generators: list[torch.Generator | None]) -> DeviceSample:
+        """Sample every row on the device and start the one copy of the result to the host;
+        read() waits for it. The tokens stay on the device too, where the next step's inputs
+        can take them before the host has seen them (asynchronous scheduling)."""
         logits = logits.float()
-        tokens = self.sample(logits, params, generators)  # (B,) on the logits' device
+        return self.packed(logits, params, self.sample(logits, params, generators))
+
+    @staticmethod
+    def packed(logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor
+               ) -> DeviceSample:
+        """tokens (B,) chosen from logits' rows (B, V) float32, with the top-k log-probabilities
+        of the model's raw distribution and the chosen token's for rows that ask, on their way
+        to the host in one copy."""
         if all(p.logprobs is None for p in params):
-            return SampleResult(tokens.tolist(), [None] * len(params))  # the step's one read-back
-        return self._with_logprobs(logits, params, tokens)
+            return DeviceSample(tokens, params, *device_to_host(tokens))
+        logprobs = logits.log_softmax(dim=-1)  # (B, V): the model's own distribution
+        k = max(p.logprobs or 0 for p in params)
+        top = logprobs.topk(k, dim=-1)  # (B, k), best first; row i keeps its first logprobs
+        chosen = logprobs.gather(1, tokens[:, None])  # (B, 1)
+        # One (B, 2 + 2k) float64 read-back: token ids below 2**53 are exact in float64.
+        packed = torch.cat([tokens[:, None].double(), chosen.double(), top.indices.double(),
+                            top.values.double()], dim=1)
+        return DeviceSample(tokens, params, *device_to_host(packed), k=k)
 
     @staticmethod
     def sample(logits: torch.Tensor, params: list[SamplingParams],
@@ -208,31 +276,6 @@ class Sampler:
         tokens = logits.argmax(dim=-1)  # (B,): the greedy rows keep theirs
         tokens[row_ids] = chosen
         return tokens
-
-    @staticmethod
-    def _with_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor
-                       ) -> SampleResult:
-        """Tokens plus, for rows that ask, the top-k log-probabilities of the model's raw
-        distribution and the chosen token's, all read back in one copy."""
-        logprobs = logits.log_softmax(dim=-1)  # (B, V): the model's own distribution
-        k = max(p.logprobs or 0 for p in params)
-        top = logprobs.topk(k, dim=-1)  # (B, k), best first; row i keeps its first logprobs
-        chosen = logprobs.gather(1, tokens[:, None])  # (B, 1)
-        # One (B, 2 + 2k) float64 read-back: token ids below 2**53 are exact in float64.
-        host = torch.cat([tokens[:, None].double(), chosen.double(), top.indices.double(),
-                          top.values.double()], dim=1).tolist()
-        token_ids = [int(row[0]) for row in host]
-        result: list[dict[int, float] | None] = []
-        for row, p in zip(host, params):
-            if p.logprobs is None:
-                result.append(None)
-                continue
-            ids, values = row[2:2 + p.logprobs], row[2 + k:2 + k + p.logprobs]
-            entry = {int(t): v for t, v in zip(ids, values)}
-            entry[int(row[0])] = row[1]
-            result.append(entry)
-        return SampleResult(token_ids, result)
-
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """The distribution each row samples from: softmax(logits / temperature) over the row's top-k

@@ -123,8 +123,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_left = req.num_tokens - req.num_computed_tokens
-            num_new = self._prefill_chunk(num_left, budget, not out.scheduled) if req.is_prefill \
+            num_new = self._prefill_chunk(req.num_tokens - req.num_computed_tokens, budget,
+                                          not out.scheduled) if req.is_prefill \
                 else self._num_decode_tokens(req, budget)
             if num_new == 0:
                 i += 1
@@ -139,6 +139,8 @@ class Scheduler:
     def _num_decode_tokens(self, req: Request, budget: int) -> int:
         """1, plus under speculative decoding the lookahead: up to k proposed tokens, as many as
         the budget holds and never more than the output still to come needs."""
+        if req.num_output_tokens + req.num_placeholders >= req.params.max_tokens:
+            return 0  # its last token is still being sampled (asynchronous scheduling)
         spec = self.config.speculative_config
         if spec is None:
             return 1
@@ -233,7 +235,9 @@ class Scheduler:
                 out.waiting_cause = "seats"
                 return budget
             req = self.waiting[0]
-            if req in out.preempted:  # it just gave up its blocks for those ahead of it
+            # It just gave up its blocks for those ahead of it, or (asynchronous scheduling)
+            # the token it was sampling when it did is not read yet: it cannot start now.
+            if req in out.preempted or req.num_placeholders:
                 out.waiting_cause = "blocks"
                 return budget
             if policy is not None and not policy(req, self):

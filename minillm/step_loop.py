@@ -6,6 +6,12 @@ stops; free what finished; record the StepRecord. Only executing differs: Engine
 runs the model and samples, the Simulator (minillm.sim.simulated_engine) prices the step with a
 cost model on a virtual clock and "samples" stand-in tokens. Everything else is this one code
 path, so the simulator cannot drift from the engine it models.
+
+Under asynchronous scheduling (the engine's async_scheduling) the same parts run in another
+order, one step ahead: schedule and launch step n+1, then read and take step n's tokens while
+step n+1 runs on the device. Step n+1 was planned before step n's tokens were known, so each
+request in it carries a placeholder for its step-n token (Request.num_placeholders), and a
+request that step n's token ended still ran in step n+1: that token is discarded.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Protocol
 
 from minillm.config import EngineConfig
 from minillm.kv_cache import BlockManager
@@ -39,6 +46,14 @@ class Executed:
     failed: dict[str, str] = field(default_factory=dict)
 
 
+class Launched(Protocol):
+    """A step running on the device (asynchronous scheduling): its tokens once read back."""
+
+    sampled: list[ScheduledRequest]  # the requests it samples a token for
+
+    def collect(self) -> Executed: ...
+
+
 class StepLoop:
     """The step's bookkeeping around an executor. A subclass gives now() (its clock),
     move_blocks (swaps and copy-on-write copies, before the step's forward), execute (the
@@ -51,6 +66,7 @@ class StepLoop:
                  *, trace_block_tables: bool, trace_prefix_cache: bool | None = None,
                  speculative: bool = False):
         self.config, self.block_manager, self.scheduler = config, block_manager, scheduler
+        self.in_flight: Launched | None = None  # asynchronous scheduling: the step launched last
         self.trace_block_tables = trace_block_tables
         self.trace_prefix_cache = trace_prefix_cache  # None: when block tables are traced
         self.speculative = speculative
@@ -68,6 +84,11 @@ class StepLoop:
     def execute(self, out: SchedulerOutput) -> Executed:
         raise NotImplementedError
 
+    def launch(self, out: SchedulerOutput, previous: Launched | None) -> Launched:
+        """Start executing out without waiting for its tokens (asynchronous scheduling); its
+        placeholder inputs are the tokens of previous, the step still in flight."""
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous scheduling")
+
     def stats(self) -> dict[str, int]:
         raise NotImplementedError
 
@@ -79,24 +100,78 @@ class StepLoop:
 
     def run_step(self) -> tuple[list[Request], list[Request]]:
         """Run one step; return the requests that got tokens in it and those that finished."""
-        start, bm = self.now(), self.block_manager
-        bm.step = self.num_steps  # the prefix cache's LRU clock
-        out = self.scheduler.schedule()
-        # The swaps and copy-on-write copies the schedule asked for, before the forward.
-        self.move_blocks(out, bm.take_copies())
+        if self.config.async_scheduling:
+            return self._run_step_ahead()
+        start = self.now()
+        out = self._schedule()
         if not out.scheduled:  # a step that only preempted
-            if self.scheduler.has_unfinished_requests() and not out.preempted:
-                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+            self._check_progress(out)
             return [], []
-        tables = ({s.request.request_id: list(s.request.block_table) for s in out.scheduled}
-                  if self.trace_block_tables else {})  # copied now: finishing frees them
+        tables = self._tables(out)
         done = self.execute(out)
         now = self.now()
         self._advance(out.scheduled, done, start)
-        finished, failed = [], done.failed
+        sampled, finished = self._take(done, now)
+        self._record(out, start, now, tables, finished)
+        return sampled, finished
+
+    def _run_step_ahead(self) -> tuple[list[Request], list[Request]]:
+        """One step of asynchronous scheduling: launch step n+1, then take step n's tokens (read
+        back while step n+1 runs); return the requests that got those tokens and those that
+        finished."""
+        start = self.now()
+        out = self._schedule()
+        launched = None
+        if out.scheduled:
+            tables = self._tables(out)
+            launched = self.launch(out, self.in_flight)
+            self._advance(out.scheduled, None, start)
+            for s in launched.sampled:
+                s.request.num_placeholders += 1
+        elif self.in_flight is None:
+            self._check_progress(out)
+        sampled, finished = [], []
+        if self.in_flight is not None:
+            done = self.in_flight.collect()
+            for s in done.sampled:
+                s.request.num_placeholders -= 1
+            sampled, finished = self._take(done, self.now())
+        # A launched step whose every request has ended (its tokens would all be discarded)
+        # is not waited for.
+        self.in_flight = launched if launched is not None and any(
+            not s.request.is_finished for s in launched.sampled) else None
+        if launched is not None:
+            self._record(out, start, self.now(), tables, finished)
+        return sampled, finished
+
+    def _schedule(self) -> SchedulerOutput:
+        """The step's plan, and the swaps and copy-on-write copies it asked for, made before
+        the step's forward."""
+        self.block_manager.step = self.num_steps  # the prefix cache's LRU clock
+        out = self.scheduler.schedule()
+        self.move_blocks(out, self.block_manager.take_copies())
+        return out
+
+    def _check_progress(self, out: SchedulerOutput) -> None:
+        if self.scheduler.has_unfinished_requests() and not out.preempted:
+            raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+
+    def _tables(self, out: SchedulerOutput) -> dict[str, list[int]]:
+        """The scheduled block tables for the trace, copied now: finishing frees them."""
+        return ({s.request.request_id: list(s.request.block_table) for s in out.scheduled}
+                if self.trace_block_tables else {})
+
+    def _take(self, done: Executed, now: float) -> tuple[list[Request], list[Request]]:
+        """Append each sampled request's tokens, checking stops; return the requests that got
+        tokens and those that finished. A request that had ended before its tokens were read
+        (asynchronous scheduling: stopped a step earlier, or aborted) takes none."""
+        got, finished, failed = [], [], done.failed
         logprobs = repeat(None) if done.logprobs is None else done.logprobs
         for s, tokens, token_logprobs in zip(done.sampled, done.tokens, logprobs):
             req = s.request
+            if req.is_finished:
+                continue
+            got.append(req)
             error = failed.get(req.request_id) if failed else None
             if error is None:
                 try:
@@ -111,15 +186,16 @@ class StepLoop:
                 req.spec_token_ids = []
             if req.finish_reason is not None:  # it is retired too (or aborted)
                 finished.append(req)
-        self._record(out, start, now, tables, finished)
-        return [s.request for s in done.sampled], finished
+        return got, finished
 
-    def _advance(self, scheduled: list[ScheduledRequest], done: Executed, start: float) -> None:
+    def _advance(self, scheduled: list[ScheduledRequest], done: Executed | None, start: float
+                 ) -> None:
         """Each scheduled request's computed tokens move on by what the step computed; its
         newly full blocks join the prefix cache (a speculative decode's once its accepted
         tokens are in token_ids: _take_tokens)."""
         accepted = ({s.request.request_id: max(len(t) - 1, 0)
-                     for s, t in zip(done.sampled, done.tokens)} if self.speculative else {})
+                     for s, t in zip(done.sampled, done.tokens)}
+                    if self.speculative and done is not None else {})
         for s in scheduled:
             req, computed = s.request, s.num_tokens
             if req.spec_token_ids:  # rejected proposals' K/V do not count: later tokens

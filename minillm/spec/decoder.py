@@ -115,7 +115,7 @@ class SpeculativeDecoder:
             params += [s.request.params] * len(tokens)
             first += 1 + len(s.request.spec_token_ids)
         flat = torch.tensor([t for tokens in emitted for t in tokens], device=logits.device)
-        per_row = Sampler._with_logprobs(logits[rows].float(), params, flat).logprobs
+        per_row = Sampler.packed(logits[rows].float(), params, flat).read().logprobs
         out, i = [], 0
         for tokens in emitted:
             out.append(per_row[i:i + len(tokens)])

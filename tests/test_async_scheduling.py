@@ -1,0 +1,173 @@
+"""Asynchronous scheduling gives, token for token, what the synchronous loop gives.
+
+The asynchronous loop launches step n+1 before it reads step n's tokens, so it plans with
+placeholders, finds a stop one step late and discards the token sampled after it. None of that
+may show in the outputs: every request's tokens, text and finish reason must be the
+synchronous engine's, whatever the arrival order, the pressure on the pool (preemption by
+recompute or swap), chunked prefill, prefix caching, stops and aborts; and every KV block must
+be free at the end.
+"""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minillm import LLM
+from minillm.config import EngineConfig
+from minillm.sampling import SamplingParams
+
+VOCAB = 4096
+SHARED = [7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73]  # > one block
+SETTINGS = {
+    # Room for everyone: continuous batching with chunked prefill.
+    "roomy": dict(max_num_seqs=4, max_model_len=128),
+    # A pool too small for four requests at once, a budget that chunks every prompt, a cache.
+    "recompute": dict(max_num_seqs=4, max_model_len=128, num_kv_blocks=9,
+                      max_num_batched_tokens=24, enable_prefix_caching=True),
+    "swap": dict(max_num_seqs=4, max_model_len=128, num_kv_blocks=9, max_num_batched_tokens=24,
+                 preemption_mode="swap", swap_space=0.01),
+    "radix": dict(max_num_seqs=3, max_model_len=128, enable_prefix_caching=True,
+                  prefix_caching="radix", enable_chunked_prefill=False),
+}
+_llms: dict[tuple[str, bool], LLM] = {}
+
+
+def llm(setting: str, async_scheduling: bool) -> LLM:
+    """One engine per setting and loop, reused: outputs may not depend on what it served."""
+    key = (setting, async_scheduling)
+    if key not in _llms:
+        _llms[key] = LLM(device="cpu", async_scheduling=async_scheduling, **SETTINGS[setting])
+    return _llms[key]
+
+
+def same(got: dict[int, tuple], expected: dict[int, tuple]) -> bool:
+    """The same tokens, finish reasons and texts; logprobs to float rounding, since a row's
+    logprobs move in the last digits with the shape of the batch it ran in (arrivals differ)."""
+    if got.keys() != expected.keys():
+        return False
+    for i, (tokens, reason, text, logprobs) in got.items():
+        if (tokens, reason, text) != expected[i][:3] or len(logprobs) != len(expected[i][3]):
+            return False
+        for mine, theirs in zip(logprobs, expected[i][3]):
+            if mine.keys() != theirs.keys() or any(
+                    abs(mine[t] - theirs[t]) > 1e-4 for t in mine):
+                return False
+    return True
+
+
+def serve(engine_llm: LLM, prompts, params, arrivals, aborts=None) -> dict[int, tuple]:
+    """Drive the engine step by step: request i joins before step arrivals[i]; aborts maps a
+    request to the step before which it is aborted. Returns each request's (token ids, finish
+    reason, text, logprobs) and checks that the engine ends with every block free."""
+    engine, aborts = engine_llm.engine, aborts or {}
+    reqs, step = {}, 0
+    order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    while order or engine.has_unfinished_requests():
+        while order and arrivals[order[0]] <= step:
+            i = order.pop(0)
+            reqs[i] = engine.make_request(prompts[i], params[i])
+            engine.enqueue(reqs[i])
+        for i, at in aborts.items():
+            if at == step and i in reqs and not reqs[i].is_finished:
+                engine.abort_request(reqs[i].request_id)
+        engine.step()
+        step += 1
+        assert step < 2_000, "the engine made no progress"
+    stats = engine_llm.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    assert engine.in_flight is None and not engine.requests
+    return {i: (r.output_token_ids, r.finish_reason, r.text, r.output_logprobs)
+            for i, r in reqs.items()}
+
+
+workloads = st.integers(1, 6).flatmap(lambda n: st.tuples(
+    st.lists(st.tuples(st.booleans(), st.integers(1, 30)), min_size=n, max_size=n),
+    st.lists(st.tuples(st.integers(1, 20), st.sampled_from([0.0, 0.9]), st.integers(0, 99),
+                       st.sampled_from([None, 2]), st.integers(0, 3)), min_size=n, max_size=n),
+    st.lists(st.integers(0, 12), min_size=n, max_size=n),
+    st.integers(0, 2**16)))
+
+
+def build(workload):
+    prefixes, sampling, arrivals, seed = workload
+    rng = random.Random(seed)
+    prompts = [(SHARED if shared else []) + [rng.randrange(1, VOCAB) for _ in range(length)]
+               for shared, length in prefixes]
+    params = [SamplingParams(max_tokens=m, temperature=t, seed=s, logprobs=lp,
+                             min_tokens=min(least, m)) for m, t, s, lp, least in sampling]
+    return prompts, params, arrivals
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads)
+def test_async_outputs_are_the_sync_outputs_in_any_arrival_order(setting, workload):
+    prompts, params, arrivals = build(workload)
+    expected = serve(llm(setting, False), prompts, params, [0] * len(prompts))
+    assert same(serve(llm(setting, True), prompts, params, arrivals), expected)
+
+
+def test_the_pressure_settings_do_preempt_and_swap():
+    # Otherwise the property above would not reach preemption: count it on one heavy workload.
+    prompts = [[5 + i] * 20 for i in range(4)]
+    params = [SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)] * 4
+    for setting, key in (("recompute", "num_preemptions"), ("swap", "num_swap_outs")):
+        engine_llm = llm(setting, True)
+        before = engine_llm.stats()[key]
+        assert same(serve(engine_llm, prompts, params, [0] * 4),
+                    serve(llm(setting, False), prompts, params, [0] * 4))
+        assert engine_llm.stats()[key] > before
+
+
+def test_a_stop_found_one_step_late_emits_nothing_past_it():
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], [1, 6, 1, 8, 0, 3, 3]]
+    free = serve(llm("roomy", False), prompts,
+                 [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)] * 3, [0] * 3)
+    # A stop string from the middle of each free-running text, and stop tokens from its tokens.
+    stops = [SamplingParams(max_tokens=24, temperature=0, stop=free[i][2][6:9])
+             for i in range(3)]
+    expected = serve(llm("roomy", False), prompts, stops, [0] * 3)
+    got = serve(llm("roomy", True), prompts, stops, [0, 1, 2])
+    assert same(got, expected)
+    for i, (tokens, reason, text, _) in got.items():
+        assert reason == "stop" and len(tokens) < 24  # it did stop, early
+        assert tokens == free[i][0][:len(tokens)]  # and emitted nothing past the stop
+        assert free[i][2].startswith(text) and stops[i].stop not in text
+
+
+def test_aborts_free_everything_and_leave_the_others_alone():
+    rng = random.Random(5)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(12)] for _ in range(5)]
+    params = [SamplingParams(max_tokens=16, temperature=0.9, seed=i, ignore_eos=True)
+              for i in range(5)]
+    expected = serve(llm("recompute", False), prompts, params, [0] * 5)
+    got = serve(llm("recompute", True), prompts, params, [0, 0, 1, 2, 3], aborts={1: 3, 3: 6})
+    for i in (0, 2, 4):
+        assert got[i] == expected[i]
+    for i in (1, 3):  # aborted mid-run: what it got is the start of what it would have got
+        tokens, reason, _, _ = got[i]
+        assert reason is None and tokens == expected[i][0][:len(tokens)]
+
+
+def test_the_async_loop_runs_one_step_ahead():
+    # A request's step-n token is read while step n+1 runs: the first step returns no tokens,
+    # each later one the token of the step before, and the last reads without launching.
+    engine = llm("roomy", True).engine
+    req = engine.make_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
+    engine.enqueue(req)
+    assert engine.step() == [] and req.num_placeholders == 1
+    assert [o.request_id for o in engine.step()] == [req.request_id]
+    assert req.num_output_tokens == 1 and req.num_placeholders == 1
+    engine.step()
+    engine.step()  # its third token is in flight: no new step is launched, only read
+    assert req.is_finished and req.num_output_tokens == 3 and engine.in_flight is None
+
+
+def test_async_scheduling_refuses_speculative_decoding_and_non_bools():
+    with pytest.raises(ValueError, match="speculative_config"):
+        EngineConfig(async_scheduling=True,
+                     speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="async_scheduling must be True or False"):
+        EngineConfig(async_scheduling="yes")  # type: ignore[arg-type]
