@@ -171,3 +171,45 @@ def test_async_scheduling_refuses_speculative_decoding_and_non_bools():
                      speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="async_scheduling must be True or False"):
         EngineConfig(async_scheduling="yes")  # type: ignore[arg-type]
+
+
+def test_served_streams_under_async_scheduling_are_the_engines_and_free_their_blocks():
+    import asyncio
+
+    import openai
+
+    from minillm.serve import start_server
+
+    prompts = [[1 + i, 2 + i, 3 + (i % 5)] for i in range(16)]
+    lengths = [3 + i % 7 for i in range(16)]
+    want = llm("roomy", False).generate(
+        prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths],
+        use_tqdm=False)
+
+    async def one(aclient, model, prompt, n):
+        stream = await aclient.completions.create(
+            model=model, prompt=prompt, max_tokens=n, temperature=0, stream=True,
+            extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    served = LLM(device="cpu", max_num_seqs=8, num_kv_blocks=48, async_scheduling=True)
+    with start_server(served) as server:
+        async def all_of_them():
+            async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x",
+                                          max_retries=0) as aclient:
+                return await asyncio.gather(*(one(aclient, server.model_name, p, n)
+                                              for p, n in zip(prompts, lengths)))
+
+        assert asyncio.run(all_of_them()) == [w.text for w in want]
+        stats = served.stats()
+        assert stats["num_free_blocks"] == stats["num_blocks"] and stats["num_running"] == 0
+
+
+def test_the_console_script_passes_async_scheduling(monkeypatch):
+    from minillm.cli import main
+    from minillm.serve.running import GracefulServer
+
+    served = {}
+    monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
+    assert main(["serve", "--device", "cpu", "--port", "0", "--async-scheduling"]) == 0
+    assert served["app"].state.server.llm.config.async_scheduling is True

@@ -82,6 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=True)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never replay CUDA graphs")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        default=False,
+                        help="schedule and launch each step before reading the last one's "
+                             "tokens, so the host's work overlaps the device's")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0)
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                   quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                   speculative_config=args.speculative_config,
                   enable_chunked_prefill=args.enable_chunked_prefill,
-                  enable_cuda_graphs=not args.enforce_eager, seed=args.seed,
+                  enable_cuda_graphs=not args.enforce_eager,
+                  async_scheduling=args.async_scheduling, seed=args.seed,
                   max_logprobs=args.max_logprobs,
                   max_trace_steps=10_000)  # a server runs for days: keep the recent steps
     except (OSError, ValueError) as e:
