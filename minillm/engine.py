@@ -12,18 +12,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from minillm.batch import Batch, to_device
+from minillm.batch import Batch
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
 from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
-from minillm.model_runner import ModelRunner
+from minillm.model_runner import InFlight, ModelRunner
 from minillm.request import Request, RequestOutput, ScheduledRequest, SchedulerOutput
-from minillm.sampling import DeviceSample, Sampler, SamplingParams, check_unicode, host_to_device
+from minillm.sampling import Sampler, SamplingParams, check_unicode
 from minillm.scheduler import Scheduler
 from minillm.spec.decoder import SpeculativeDecoder
 from minillm.step_loop import Executed, Logprobs, StepLoop
@@ -31,33 +30,6 @@ from minillm.swap import SwapSpace
 from minillm.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class InFlight:
-    """A step whose forward and sampling are queued on the device; collect() reads its tokens.
-    done is there at once where the host read them already (speculative decoding, or a batch
-    whose sampling failed and was retried one request at a time)."""
-
-    sampled: list[ScheduledRequest]
-    sample: DeviceSample | None = None
-    done: Executed | None = None
-
-    def collect(self) -> Executed:
-        if self.done is None:
-            assert self.sample is not None
-            result = self.sample.read()
-            self.done = Executed(self.sampled, [[t] for t in result.token_ids],
-                                 [[lp] for lp in result.logprobs])
-        return self.done
-
-    def device_tokens(self, device: torch.device) -> torch.Tensor:
-        """(S,) each sampled request's token on the device, in sampled's order (0 for a
-        request whose sampling failed: it ends, and what it computes next is discarded)."""
-        if self.sample is not None:
-            return self.sample.tokens
-        assert self.done is not None
-        return host_to_device([t[-1] if t else 0 for t in self.done.tokens], torch.int64, device)
 
 
 class Engine(StepLoop):
@@ -228,29 +200,21 @@ class Engine(StepLoop):
         """The model's forward over the step and its sampling."""
         return self.launch(out, None).collect()
 
-    def launch(self, out: SchedulerOutput, previous: InFlight | None) -> InFlight:  # type: ignore[override]
-        """Queue the step's forward and sampling on the device, reading nothing back (but under
-        speculative decoding, whose verification reads its tokens). A placeholder input takes
-        its token from previous, the step still in flight, on the device."""
+    def launch(self, out: SchedulerOutput,  # type: ignore[override]
+               previous: InFlight | None) -> InFlight:
+        """Queue the step's forward and sampling on the device, reading nothing back (but
+        speculative decoding's verification); placeholders take previous's tokens there."""
         if self.spec is not None:  # decodes get their proposals; entries shrink to fit them
             self.spec.propose(out)
-        batch = self.runner.prepare(out.scheduled)
-        if batch.placeholder_rows:
-            assert previous is not None, "a placeholder input with no step in flight"
-            row_of = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
-            rows, sources = to_device([[row for row, _ in batch.placeholder_rows],
-                                       [row_of[rid] for _, rid in batch.placeholder_rows]],
-                                      torch.int64, self.device)
-            batch.input_ids[rows] = previous.device_tokens(self.device)[sources]
+        batch = self.runner.prepare(out.scheduled, previous)
         hidden = self.runner.forward(batch)
         return self._sample(batch, hidden, out)
 
     def _sample(self, batch: Batch, hidden: torch.Tensor, out: SchedulerOutput) -> InFlight:
-        """The step's sampling: each sampled request's new tokens (one, or under speculative
-        decoding its accepted proposals and one more), their logprobs (None where not asked
-        for), and the requests whose sampling failed, with why. A failure of the batched call
-        is retried one request at a time, so it ends only the request that caused it (a seeded
-        bystander's draw in that one step may then differ from a run without the failure)."""
+        """Each sampled request's new tokens (one, or under speculative decoding its accepted
+        proposals and one more) and logprobs. A failure of the batched call is retried one
+        request at a time, so it ends only the request that caused it (a seeded bystander's
+        draw in that one step may then differ from a run without the failure)."""
         if not batch.sampled:  # every request in the step is mid-prefill
             return InFlight([], done=Executed([], []))
         logits = self.runner.logits(hidden, batch)  # (S, V)

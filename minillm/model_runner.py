@@ -6,7 +6,8 @@ one), the host pool that swaps copy to and from, the attention backend, the deco
 the step's batch tensors, and how many blocks the pool gets in the memory there is
 (num_kv_blocks_for_memory, from a MemoryReport of the largest step on a GPU). Keeping the
 two apart is nano-vllm's split (its ModelRunner), and the one that lets the host schedule step
-n+1 while the device still runs step n.
+n+1 while the device still runs step n (asynchronous scheduling: InFlight is that step, and
+prepare takes the inputs it is still sampling from it, on the device).
 """
 
 from __future__ import annotations
@@ -18,13 +19,42 @@ from typing import Any
 import torch
 
 from minillm.attention import get_backend
-from minillm.batch import Batch, build_batch
+from minillm.batch import Batch, build_batch, to_device
 from minillm.config import EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.model import LlamaForCausalLM
 from minillm.quant.kv_pool import allocate_kv_pool, kv_pool_block_bytes
 from minillm.request import ScheduledRequest
+from minillm.sampling import DeviceSample, host_to_device
+from minillm.step_loop import Executed
 from minillm.swap import KVSwapper, num_swap_blocks
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A step whose forward and sampling are queued on the device; collect() reads its tokens.
+    done is there at once where the host read them already (speculative decoding, or a batch
+    whose sampling failed and was retried one request at a time)."""
+
+    sampled: list[ScheduledRequest]
+    sample: DeviceSample | None = None
+    done: Executed | None = None
+
+    def collect(self) -> Executed:
+        if self.done is None:
+            assert self.sample is not None
+            result = self.sample.read()
+            self.done = Executed(self.sampled, [[t] for t in result.token_ids],
+                                 [[lp] for lp in result.logprobs])
+        return self.done
+
+    def device_tokens(self, device: torch.device) -> torch.Tensor:
+        """(S,) each sampled request's token on the device, in sampled's order (0 for a
+        request whose sampling failed: it ends, and what it computes next is discarded)."""
+        if self.sample is not None:
+            return self.sample.tokens
+        assert self.done is not None
+        return host_to_device([t[-1] if t else 0 for t in self.done.tokens], torch.int64, device)
 
 
 class ModelRunner:
@@ -78,9 +108,20 @@ class ModelRunner:
             pool = pool.view(torch.uint8)
         pool[:, :, dst] = pool[:, :, src]
 
-    def prepare(self, scheduled: list[ScheduledRequest]) -> Batch:
-        """The step's tensors on the device: token ids, positions, slots, block tables."""
-        return build_batch(scheduled, self.config.block_size, self.device)
+    def prepare(self, scheduled: list[ScheduledRequest], previous: InFlight | None = None
+                ) -> Batch:
+        """The step's tensors on the device: token ids, positions, slots, block tables. An
+        input still being sampled (asynchronous scheduling) is copied from previous, the step
+        in flight, on the device: the host never waits for it."""
+        batch = build_batch(scheduled, self.config.block_size, self.device)
+        if batch.placeholder_rows:
+            assert previous is not None, "a placeholder input with no step in flight"
+            row_of = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
+            rows, sources = to_device([[row for row, _ in batch.placeholder_rows],
+                                       [row_of[rid] for _, rid in batch.placeholder_rows]],
+                                      torch.int64, self.device)
+            batch.input_ids[rows] = previous.device_tokens(self.device)[sources]
+        return batch
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Hidden states (T, E). A decode-only step replays a CUDA graph when one fits it."""

@@ -235,8 +235,7 @@ class Scheduler:
                 out.waiting_cause = "seats"
                 return budget
             req = self.waiting[0]
-            # It just gave up its blocks for those ahead of it, or (asynchronous scheduling)
-            # the token it was sampling when it did is not read yet: it cannot start now.
+            # It just gave up its blocks for those ahead of it (or its last token is unread)
             if req in out.preempted or req.num_placeholders:
                 out.waiting_cause = "blocks"
                 return budget

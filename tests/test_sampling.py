@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from minillm import sampling
 from minillm.sampling import Sampler, SamplingParams, apply_top_k_top_p
+from minillm.sampling import sampler as sampling
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -16,7 +16,6 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from minillm import sampling  # noqa: E402
 from minillm.attention import triton_backend  # noqa: E402
 from minillm.batch import build_batch  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
@@ -25,6 +24,7 @@ from minillm.model import LlamaForCausalLM  # noqa: E402
 from minillm.model_config import ModelConfig  # noqa: E402
 from minillm.request import Request  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
+from minillm.sampling import sampler as sampling  # noqa: E402
 from minillm.scheduler import ScheduledRequest  # noqa: E402
 
 pytestmark = pytest.mark.kernels  # they run the Triton kernels: selected on a lent GPU too

@@ -65,9 +65,10 @@ def heavy_tailed_workload(num_requests: int, vocab_size: int, seed: int = 0,
 
 
 def minillm_contender(path: Path, batch_size: int, scheduling: str,
-                      warmup: list[BenchRequest]) -> Contender:
+                      warmup: list[BenchRequest], async_scheduling: bool = False) -> Contender:
     """minillm on the CPU, built and warmed up once; each call times one generate (seconds)."""
-    llm = LLM(path, max_num_seqs=batch_size, scheduling=scheduling, device="cpu")
+    llm = LLM(path, max_num_seqs=batch_size, scheduling=scheduling, device="cpu",
+              async_scheduling=async_scheduling)
 
     def serve(reqs: list[BenchRequest]) -> Seconds:
         params = [SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True)

@@ -16,8 +16,11 @@ Next to the phases it prints a floor for the forward: the ATen operators one for
 kernels, or a CUDA graph on a GPU), which is why batch 1 and batch 16 steps cost nearly the same.
 
 On a GPU the kernels run asynchronously, so the forward's phase shows only the launches: the
-device's time lands in the first phase that waits for it (sampling, which reads the sampled ids
-back with tolist). That wait is the host time that asynchronous scheduling overlaps.
+device's time lands in the first phase that waits for it (reading the sampled ids back). That
+wait is what asynchronous scheduling overlaps with the host's work, and the benchmark measures
+the asynchronous loop beside the synchronous one, the same requests interleaved round by round:
+step times, its speedup, and bench engine's continuous/static and continuous/transformers
+ratios with each loop.
 """
 
 from __future__ import annotations
@@ -33,8 +36,17 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from minillm.bench.engine import (
+    Ratio,
+    heavy_tailed_workload,
+    interleaved_rounds,
+    minillm_contender,
+    speedup,
+    transformers_contender,
+)
 from minillm.calc import machine
 from minillm.llm import LLM, default_model_path
+from minillm.model_config import ModelConfig
 from minillm.sampling import SamplingParams
 
 # (phase, where its method lives on the LLM, the method): in the order a step runs them.
@@ -174,7 +186,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3,
-                        help="generate calls per batch size, interleaved; medians are reported")
+                        help="generate calls per batch size and loop, interleaved; medians")
+    parser.add_argument("--engine-requests", type=int, default=64,
+                        help="requests of bench engine's heavy-tailed workload for the "
+                             "continuous/static and continuous/transformers ratios (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -194,30 +209,80 @@ def table(per_seats: dict[int, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def median_figures(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(f[k] for f in runs) for k in runs[0]}
+
+
 def main(args: argparse.Namespace, report: Callable[[str], None] = print
-         ) -> dict[int, dict[str, float]]:
-    llm = LLM(args.model, max_num_seqs=max(args.seats), device=machine.device())
+         ) -> dict[str, dict[int, dict[str, float]]]:
+    """Figures per loop ("sync", "async") and batch size; "ratios" holds bench engine's."""
+    device = machine.device()
+    llms = {loop: LLM(args.model, max_num_seqs=max(args.seats), device=device,
+                      async_scheduling=loop == "async") for loop in ("sync", "async")}
     report(f"workload: per batch size, that many requests of {args.prompt_len} prompt and "
            f"{args.output_len} output tokens, greedy; {args.rounds} rounds, interleaved")
     report(machine.describe())
-    run_once(llm, min(args.seats), 8, 4, args.seed)  # warm-up
-    rounds: dict[int, list[dict[str, float]]] = {s: [] for s in args.seats}
+    for llm in llms.values():
+        run_once(llm, min(args.seats), 8, 4, args.seed)  # warm-up
+    runs: dict[str, dict[int, list[dict[str, float]]]] = {
+        loop: {s: [] for s in args.seats} for loop in llms}
     for r in range(args.rounds):
         for s in args.seats:
-            rounds[s].append(run_once(llm, s, args.prompt_len, args.output_len, args.seed + r))
-    per_seats = {s: {k: statistics.median(f[k] for f in runs) for k in runs[0]}
-                 for s, runs in rounds.items()}
-    report(table(per_seats))
-    for s, f in per_seats.items():
+            order = list(llms) if r % 2 == 0 else list(reversed(llms))  # neither always first
+            for loop in order:
+                runs[loop][s].append(run_once(llms[loop], s, args.prompt_len, args.output_len,
+                                              args.seed + r))
+    figures = {loop: {s: median_figures(by_seats[s]) for s in args.seats}
+               for loop, by_seats in runs.items()}
+    sync = figures["sync"]
+    report("the synchronous loop (the reference: each step's tokens read before the next)")
+    report(table(sync))
+    for s, f in sync.items():
         model = sum(f[p] for p in MODEL_PHASES)
         report(f"{s} seats: the model (forward + lm head) {model:.2f} ms of a "
                f"{f['step ms']:.2f} ms step; the host's bookkeeping around it "
                f"{100 * (1 - model / f['step ms']):.0f}%")
+    llm = llms["sync"]
     ops, us = ops_per_forward(llm), dispatch_cost_us(llm.engine.device)
-    smallest = per_seats[min(args.seats)]["forward"]
+    smallest = sync[min(args.seats)]["forward"]
     report(f"dispatch floor: one forward dispatches {ops} ATen operators; at {us:.1f} us each "
            f"(a 1-element add, measured) that is {ops * us / 1e3:.2f} ms, "
            f"{100 * ops * us / 1e3 / smallest:.0f}% of the forward at {min(args.seats)} seats")
-    for s in per_seats:
-        per_seats[s] |= {"ops per forward": ops, "dispatch us": us}
-    return per_seats
+    for s in sync:
+        sync[s] |= {"ops per forward": ops, "dispatch us": us}
+    report("asynchronous scheduling (step n+1 launched before step n's tokens are read):")
+    for s in args.seats:
+        per_round = [a["tokens/s"] / b["tokens/s"]
+                     for a, b in zip(runs["async"][s], runs["sync"][s])]
+        figures["async"][s]["speedup"] = statistics.median(per_round)
+        report(f"{s:>4} seats: step {sync[s]['step ms']:.2f} ms sync, "
+               f"{figures['async'][s]['step ms']:.2f} ms async; tokens/s async / sync "
+               f"{Ratio(tuple(per_round))}")
+    if args.engine_requests:
+        figures["ratios"] = engine_ratios(args, report)  # type: ignore[assignment]
+    return figures
+
+
+def engine_ratios(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Ratio]:
+    """bench engine's ratios with the synchronous and the asynchronous loop, side by side."""
+    vocab = ModelConfig.from_pretrained(args.model).vocab_size
+    reqs = heavy_tailed_workload(args.engine_requests, vocab, args.seed)
+    warmup = heavy_tailed_workload(16, vocab, args.seed + 1, long_fraction=0.0)
+    contenders = {
+        "continuous sync": minillm_contender(args.model, 16, "continuous", warmup),
+        "continuous async": minillm_contender(args.model, 16, "continuous", warmup,
+                                              async_scheduling=True),
+        "static": minillm_contender(args.model, 16, "static", warmup),
+        "transformers": transformers_contender(args.model, 16, warmup),
+    }
+    rounds = interleaved_rounds({name: (lambda serve=serve: serve(reqs))
+                                 for name, serve in contenders.items()}, args.rounds)
+    ratios = {}
+    report(f"bench engine's workload ({len(reqs)} heavy-tailed requests, 16 seats), "
+          "wall clock:")
+    for loop in ("sync", "async"):
+        for other in ("static", "transformers"):
+            name = f"continuous {loop} / {other}"
+            ratios[name] = speedup(rounds, f"continuous {loop}", other)
+            report(f"  {name}: {ratios[name]}")
+    return ratios
