@@ -198,7 +198,7 @@ class Engine(StepLoop):
 
     def execute(self, out: SchedulerOutput) -> Executed:
         """The model's forward over the step and its sampling."""
-        return self.launch(out, None).collect()
+        return self.read(self.launch(out, None))
 
     def launch(self, out: SchedulerOutput,  # type: ignore[override]
                previous: InFlight | None) -> InFlight:

@@ -89,6 +89,10 @@ class StepLoop:
         placeholder inputs are the tokens of previous, the step still in flight."""
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous scheduling")
 
+    def read(self, launched: Launched) -> Executed:
+        """A launched step's tokens, once the device has them (on a GPU: the host's wait)."""
+        return launched.collect()
+
     def stats(self) -> dict[str, int]:
         raise NotImplementedError
 
@@ -132,7 +136,7 @@ class StepLoop:
             self._check_progress(out)
         sampled, finished = [], []
         if self.in_flight is not None:
-            done = self.in_flight.collect()
+            done = self.read(self.in_flight)
             for s in done.sampled:
                 s.request.num_placeholders -= 1
             sampled, finished = self._take(done, self.now())
