@@ -384,3 +384,22 @@ def test_prefix_cache_counters_count_tokens_as_vllm_does():
 
     assert value("vllm:prefix_cache_queries_total") == 78
     assert value("vllm:prefix_cache_hits_total") == 32
+
+
+def test_console_script_settles_torch_threads_before_it_loads_the_model(monkeypatch, capsys):
+    # On a 2-core CPU the engine shares its cores with the HTTP loop and the clients: a second
+    # torch thread stalls its steps, so `minillm serve` takes machine.settle_threads' rule.
+    from minillm.calc import machine
+    from minillm.cli import main
+    from minillm.serve import __main__ as serve_main
+    from minillm.serve.running import GracefulServer
+
+    calls = []
+    monkeypatch.setattr(machine, "settle_threads", lambda: calls.append("settle") or 1)
+    real_llm = serve_main.LLM
+    monkeypatch.setattr(serve_main, "LLM",
+                        lambda *a, **k: calls.append("load") or real_llm(*a, **k))
+    monkeypatch.setattr(GracefulServer, "run", lambda self: None)
+    assert main(["serve", "--device", "cpu", "--port", "0"]) == 0
+    assert calls == ["settle", "load"]
+    assert "torch threads)" in capsys.readouterr().out
