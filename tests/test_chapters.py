@@ -33,6 +33,15 @@ def test_committed_with_outputs_cleared(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_cell_has_a_unique_id(path: Path) -> None:
+    # nbformat 4.5 requires them (a missing one is a warning today, an error in later nbformat),
+    # and Jupyter Book and nbval name cells by them.
+    ids = [cell.get("id") for cell in json.loads(path.read_text())["cells"]]
+    assert None not in ids, f"{path.name}: a cell has no id (nbformat.validator.normalize)"
+    assert len(set(ids)) == len(ids), f"{path.name}: two cells share an id"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_has_the_parts_of_a_chapter(path: Path) -> None:
     number = path.name[:2]
     markdown, code = "\n".join(cells(path, "markdown")), "\n".join(cells(path, "code"))
