@@ -211,6 +211,34 @@ def test_the_engine_parts_run_end_to_end_on_a_tiny_model_on_the_cpu(
     llm = cpu_llm(2, 256, cuda_graphs=True)  # asked for, and not captured on a CPU
     tpot = gpu.tpot_figure(llm, roofline=1e-3, new_tokens=8)
     assert "without CUDA graphs" in tpot.name and tpot.target is None and tpot.value > 0
+    ahead = gpu.tpot_figure(cpu_llm(2, 256, async_scheduling=True), roofline=1e-3, new_tokens=8)
+    assert ahead.name.endswith(", async scheduling") and ahead.value > 0
+
+
+def test_the_prepared_run_times_the_loop_one_step_ahead_against_the_synchronous_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made, parts = [], {}
+    monkeypatch.setattr(gpu, "make_llm", lambda max_num_seqs, max_model_len, cuda_graphs=True,
+                        **engine_args: made.append((cuda_graphs, engine_args)) or gpu.LLM(
+                            TINY, device="cpu", max_model_len=max_model_len, **engine_args))
+    monkeypatch.setattr(gpu, "tpot_figure", lambda llm, roofline: gpu.Figure(
+        "tpot", 2.0 if llm.config.async_scheduling else 3.0, "ms", "roofline", 1.0, 0.5))
+    monkeypatch.setattr(gpu, "graph_figures", lambda llm, roofline: [])
+    monkeypatch.setattr(gpu, "engine_vs_transformers", lambda num_seqs, hf_batch: [])
+    monkeypatch.setattr(gpu, "free", lambda: None)
+
+    class Run:
+        notes: dict = {}
+
+        def part(self, name, fn):
+            parts[name] = fn()
+
+    gpu.engine_parts(Run(), argparse.Namespace(num_seqs=1, hf_batch=1), copy_bandwidth=1e12)
+    assert made == [(False, {"async_scheduling": False}), (True, {"async_scheduling": False}),
+                    (True, {"async_scheduling": True})]
+    _, versus_sync = parts["TPOT with CUDA graphs, one step ahead"]
+    assert versus_sync.baseline_name == "the synchronous loop"
+    assert (versus_sync.value, versus_sync.baseline, versus_sync.ratio) == (2.0, 3.0, 1.5)
 
 
 def test_bench_tiles_times_every_candidate_with_its_own_tiles(

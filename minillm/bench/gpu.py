@@ -2,7 +2,8 @@
 
 Everything `bench kernels` measures, plus the engine on a Llama-3.2-1B-shaped model with
 random weights in bf16 (a shape, not the checkpoint: nothing is downloaded):
-- decode TPOT at batch 1 against the weight-bandwidth roofline, with and without CUDA graphs:
+- decode TPOT at batch 1 against the weight-bandwidth roofline, with and without CUDA graphs,
+  and with graphs one step ahead (async_scheduling: the host's work hidden behind the device's):
   every decode step reads every weight once, so no step can beat weight bytes / copy bandwidth,
   both measured in this run;
 - one decode step (forward and logits) replayed as a CUDA graph, against the same step eagerly
@@ -93,8 +94,9 @@ def tpot_figure(llm: LLM, roofline: float, new_tokens: int = 256) -> Figure:
     # Whether the engine captured graphs, not whether it was asked to: CPU or torch attention
     # run eagerly whatever the setting.
     graphs = "with" if getattr(llm.engine.runner, "graph_runner", None) is not None else "without"
-    return Figure(f"decode TPOT B=1, {MODEL_NAME}, {graphs} CUDA graphs", tpot * 1e3, "ms",
-                  "weight-bandwidth roofline", roofline * 1e3, roofline / tpot,
+    ahead = ", async scheduling" if llm.config.async_scheduling else ""
+    return Figure(f"decode TPOT B=1, {MODEL_NAME}, {graphs} CUDA graphs{ahead}", tpot * 1e3,
+                  "ms", "weight-bandwidth roofline", roofline * 1e3, roofline / tpot,
                   target=0.60 if graphs == "with" else None)
 
 
@@ -209,23 +211,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_parts(run: Run, args: argparse.Namespace, copy_bandwidth: float) -> None:
-    """TPOT without and with CUDA graphs, the graph step, and the nano-vllm-like workload."""
-    def tpot(graphs: bool) -> list[Figure]:
-        llm = make_llm(max_num_seqs=16, max_model_len=1024, cuda_graphs=graphs)
+    """TPOT without and with CUDA graphs (and one step ahead), the graph step, and the
+    nano-vllm-like workload."""
+    synchronous: list[Figure] = []
+
+    def tpot(graphs: bool, async_scheduling: bool = False) -> list[Figure]:
+        llm = make_llm(max_num_seqs=16, max_model_len=1024, cuda_graphs=graphs,
+                       async_scheduling=async_scheduling)
         weight_bytes = decode_weight_bytes(llm.model)
         roofline = weight_bytes / copy_bandwidth
         run.notes["model"] = (f"{MODEL_NAME} with random bf16 weights, "
                               f"{weight_bytes / 1e9:.2f} GB of weights read per decode step")
         figures = [tpot_figure(llm, roofline)]
-        if graphs:
+        if async_scheduling and synchronous:  # the same TPOT, one step ahead against not
+            sync_ms, ahead_ms = synchronous[0].value, figures[0].value
+            figures.append(Figure(figures[0].name, ahead_ms, "ms", "the synchronous loop",
+                                  sync_ms, sync_ms / ahead_ms))
+        elif graphs:
             run.notes["engine captured CUDA graphs"] = (
                 getattr(llm.engine.runner, "graph_runner", None) is not None)
+            synchronous[:] = figures
             figures += graph_figures(llm, roofline)
         return figures
 
     run.part("TPOT without CUDA graphs", lambda: tpot(graphs=False))
     free()
     run.part("TPOT with CUDA graphs", lambda: tpot(graphs=True))
+    free()
+    run.part("TPOT with CUDA graphs, one step ahead",
+             lambda: tpot(graphs=True, async_scheduling=True))
     free()
     run.part("engine vs transformers",
              lambda: engine_vs_transformers(args.num_seqs, args.hf_batch))
