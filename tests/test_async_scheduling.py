@@ -213,3 +213,55 @@ def test_the_console_script_passes_async_scheduling(monkeypatch):
     monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--async-scheduling"]) == 0
     assert served["app"].state.server.llm.config.async_scheduling is True
+
+
+@pytest.mark.parametrize("min_tokens", [0, 8])
+def test_an_end_of_sequence_token_ends_a_request_one_step_late_and_nothing_follows(min_tokens):
+    # The shipped model does not emit its EOS greedily: make a token it does emit the engines'
+    # end of sequence (on both), so the EOS check and min_tokens' EOS mask both run.
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8]]
+    free = serve(llm("roomy", False), prompts,
+                 [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)] * 2, [0, 0])
+    eos = free[0][0][5]
+    params = [SamplingParams(max_tokens=24, temperature=0, min_tokens=min_tokens)] * 2
+    got = {}
+    for loop in (False, True):
+        engine = llm("roomy", loop).engine
+        saved, engine.eos_token_ids = engine.eos_token_ids, {eos}
+        try:
+            got[loop] = serve(llm("roomy", loop), prompts, params, [0, 1] if loop else [0, 0])
+        finally:
+            engine.eos_token_ids = saved
+    assert same(got[True], got[False])
+    tokens, reason, _, _ = got[True][0]
+    if min_tokens == 0:  # it ends at its first EOS, which is its last token
+        assert reason == "stop" and tokens == free[0][0][:6]
+    else:  # EOS is masked until min_tokens, so it runs on past where it stopped
+        assert eos not in tokens[:min_tokens] and len(tokens) > min_tokens
+        assert reason == "length" or tokens[-1] == eos
+
+
+def test_a_client_that_hangs_up_under_async_scheduling_frees_its_blocks():
+    import json
+    import socket
+    import time
+
+    from minillm.serve import start_server
+
+    served = LLM(device="cpu", max_num_seqs=4, num_kv_blocks=48, async_scheduling=True)
+    with start_server(served) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 500, "ignore_eos": True,
+                           "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        received = b""
+        while received.count(b"data: ") < 3:  # the stream is running
+            received += sock.recv(65536)
+        sock.close()
+        deadline = time.monotonic() + 20
+        while served.stats()["num_free_blocks"] != 48:
+            assert time.monotonic() < deadline, "the hung-up request kept its blocks"
+            time.sleep(0.02)
+        assert served.stats()["num_running"] == 0
