@@ -78,8 +78,9 @@ def build_batch(scheduled: list[ScheduledRequest], block_size: int, device: torc
             tokens.append(0)
         rows.append((tokens + spec, start, req.block_table))
         first_row += s.num_tokens
-        if known_end == req.num_tokens + req.num_placeholders:  # all known tokens in: the last
-            sample_rows += range(first_row - 1 - len(spec), first_row)  # one's logits pick the next
+        # All its known tokens are in (a placeholder counts): the last one's logits pick the next.
+        if known_end == req.num_tokens + req.num_placeholders:
+            sample_rows += range(first_row - 1 - len(spec), first_row)
             sampled.append(s)
     input_ids, positions, attn, sample_d = flat_rows(rows, block_size, device, sample_rows)
     return Batch(input_ids, positions, attn, sample_d, sampled, placeholders)
