@@ -22,7 +22,7 @@ from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
 from minillm.model_runner import InFlight, ModelRunner
 from minillm.request import Request, RequestOutput, ScheduledRequest, SchedulerOutput
-from minillm.sampling import Sampler, SamplingParams, check_unicode
+from minillm.sampling import Sampler, SamplingParams, check_unicode, mask_eos_before_min_tokens
 from minillm.scheduler import Scheduler
 from minillm.spec.decoder import SpeculativeDecoder
 from minillm.step_loop import Executed, Logprobs, StepLoop
@@ -48,8 +48,7 @@ class Engine(StepLoop):
         self.runner = ModelRunner(model, tokenizer, config)
         block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                      config.enable_prefix_caching, config.prefix_caching)
-        swap_space = (SwapSpace(self.runner.num_swap_blocks)
-                      if config.preemption_mode == "swap" else None)
+        swap_space = SwapSpace(self.runner.num_swap_blocks)  # no blocks without swap preemption
         super().__init__(config, block_manager, Scheduler(config, block_manager, swap_space),
                          trace_block_tables=(config.trace_block_tables
                                              if config.trace_block_tables is not None else
@@ -218,7 +217,11 @@ class Engine(StepLoop):
         if not batch.sampled:  # every request in the step is mid-prefill
             return InFlight([], done=Executed([], []))
         logits = self.runner.logits(hidden, batch)  # (S, V)
-        logits = self._mask_eos_before_min_tokens(logits, batch.sampled)
+        # Row j of a request predicts its output j, counting those still being sampled.
+        logits = mask_eos_before_min_tokens(logits, self.eos_token_ids, [
+            (s.request.params.min_tokens - s.request.num_output_tokens
+             - s.request.num_placeholders, 1 + len(s.request.spec_token_ids))
+            for s in batch.sampled])
         try:
             if self.spec is None:
                 return InFlight(batch.sampled, self.sampler.launch(
@@ -255,25 +258,6 @@ class Engine(StepLoop):
             return [[t] for t in result.token_ids], [[lp] for lp in result.logprobs]
         emitted = self.spec.verify(logits, sampled, out)
         return emitted, self.spec.logprobs(logits, sampled, emitted)
-
-    def _mask_eos_before_min_tokens(self, logits: torch.Tensor,
-                                    sampled: list[ScheduledRequest]) -> torch.Tensor:
-        """min_tokens: a row that predicts one of a request's first min_tokens output tokens
-        cannot pick end-of-sequence (vLLM masks it the same way). (S, V) -> (S, V)."""
-        if not self.eos_token_ids or all(s.request.params.min_tokens == 0 for s in sampled):
-            return logits
-        rows, first = [], 0
-        for s in sampled:
-            req, num_rows = s.request, 1 + len(s.request.spec_token_ids)
-            # Row j predicts output j (counting those still being sampled: placeholders).
-            short = req.params.min_tokens - req.num_output_tokens - req.num_placeholders
-            rows += range(first, first + min(num_rows, max(short, 0)))
-            first += num_rows
-        if not rows:
-            return logits
-        eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
-        at = (torch.tensor(rows, device=logits.device)[:, None], eos[None, :])  # (R, 1), (1, E)
-        return logits.index_put(at, torch.tensor(float("-inf"), device=logits.device))
 
     def _retire(self, req: Request) -> None:
         """Free a finished, failed or aborted request's blocks and forget it."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import socket
+
 import torch
 
 from minillm.attention.torch_ref import TorchAttention
@@ -65,3 +68,18 @@ def paged_logits(model: LlamaForCausalLM, prompts: list[list[int]], block_size: 
             rows[i].append(part)
             done[i] += s.num_tokens
     return [torch.cat(r) for r in rows]
+
+
+def open_stream(port: int, max_tokens: int) -> socket.socket:
+    """A raw streaming completion on loopback, returned once three SSE events have arrived (the
+    stream is running): the caller hangs up by closing it."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
+    received = b""
+    while received.count(b"data: ") < 3:
+        received += sock.recv(65536)
+    return sock

@@ -242,24 +242,15 @@ def test_an_end_of_sequence_token_ends_a_request_one_step_late_and_nothing_follo
 
 
 def test_a_client_that_hangs_up_under_async_scheduling_frees_its_blocks():
-    import json
-    import socket
     import time
+
+    from support import open_stream
 
     from minillm.serve import start_server
 
     served = LLM(device="cpu", max_num_seqs=4, num_kv_blocks=48, async_scheduling=True)
     with start_server(served) as server:
-        sock = socket.create_connection(("127.0.0.1", server.port))
-        body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 500, "ignore_eos": True,
-                           "stream": True}).encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body))
-        received = b""
-        while received.count(b"data: ") < 3:  # the stream is running
-            received += sock.recv(65536)
-        sock.close()
+        open_stream(server.port, max_tokens=500).close()
         deadline = time.monotonic() + 20
         while served.stats()["num_free_blocks"] != 48:
             assert time.monotonic() < deadline, "the hung-up request kept its blocks"

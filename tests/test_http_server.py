@@ -15,6 +15,7 @@ import urllib.request
 
 import openai
 import pytest
+from support import open_stream
 
 from minillm import LLM, SamplingParams
 from minillm.serve import start_server
@@ -204,15 +205,7 @@ def test_64_concurrent_streams_all_complete(server, reference):
 
 
 def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(server):
-    sock = socket.create_connection(("127.0.0.1", server.port))
-    body = json.dumps({"prompt": "ROMEO.\n", "max_tokens": 1000, "ignore_eos": True,
-                       "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body), body))
-    received = b""
-    while received.count(b"data: ") < 3:  # the stream is running
-        received += sock.recv(65536)
+    sock = open_stream(server.port, max_tokens=1000)
     assert metric(server, "vllm:kv_cache_usage_perc") > 0
     sock.close()
     wait_until(lambda: server.llm.stats()["num_free_blocks"] == NUM_BLOCKS)

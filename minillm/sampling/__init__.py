@@ -13,9 +13,11 @@ from minillm.sampling.sampler import (
     exponential_race,
     filtered_probs,
     host_to_device,
+    mask_eos_before_min_tokens,
     sampling_probs,
 )
 
 __all__ = ["MIN_TEMPERATURE", "SEED_RANGE", "SamplingParams", "check_unicode", "DeviceSample",
            "SampleResult", "Sampler", "apply_top_k", "apply_top_k_top_p", "device_to_host",
-           "draw", "exponential_race", "filtered_probs", "host_to_device", "sampling_probs"]
+           "draw", "exponential_race", "filtered_probs", "host_to_device",
+           "mask_eos_before_min_tokens", "sampling_probs"]

@@ -159,6 +159,22 @@ class Sampler:
         tokens[row_ids] = chosen
         return tokens
 
+def mask_eos_before_min_tokens(logits: torch.Tensor, eos_token_ids: set[int],
+                               requests: list[tuple[int, int]]) -> torch.Tensor:
+    """min_tokens: a row that predicts one of a request's first min_tokens output tokens cannot
+    pick end-of-sequence (vLLM masks it the same way). requests: per request in row order, how
+    many outputs it still needs before it may end, and its rows. (S, V) -> (S, V)."""
+    if not eos_token_ids or all(short <= 0 for short, _ in requests):
+        return logits
+    rows, first = [], 0
+    for short, num_rows in requests:
+        rows += range(first, first + min(num_rows, max(short, 0)))
+        first += num_rows
+    eos = torch.tensor(sorted(eos_token_ids), device=logits.device)
+    at = (torch.tensor(rows, device=logits.device)[:, None], eos[None, :])  # (R, 1), (1, E)
+    return logits.index_put(at, torch.tensor(float("-inf"), device=logits.device))
+
+
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """The distribution each row samples from: softmax(logits / temperature) over the row's top-k
     and top-p set. logits (R, V) float32, every row with temperature > 0 -> (R, V)."""
