@@ -18,16 +18,17 @@ import torch
 
 from minillm.batch import Batch
 from minillm.config import TRACE_BLOCKS_MAX_POOL, EngineConfig
+from minillm.input_processor import InputProcessor
 from minillm.kv_cache import BlockManager
 from minillm.model import LlamaForCausalLM
 from minillm.model_runner import InFlight, ModelRunner
 from minillm.request import Request, RequestOutput, ScheduledRequest, SchedulerOutput
-from minillm.sampling import Sampler, SamplingParams, check_unicode, mask_eos_before_min_tokens
+from minillm.sampling import Sampler, SamplingParams, mask_eos_before_min_tokens
 from minillm.scheduler import Scheduler
 from minillm.spec.decoder import SpeculativeDecoder
 from minillm.step_loop import Executed, Logprobs, StepLoop
 from minillm.swap import SwapSpace
-from minillm.tokenizer import IncrementalDetokenizer
+from minillm.tokenizer import IncrementalDetokenizer, find_stop
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Engine(StepLoop):
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.eos_token_ids = self._eos_token_ids()
+        self.processor = InputProcessor(tokenizer, config, model.config.vocab_size)
         self._counter = itertools.count()
         # Set while a server's thread drives the engine (minillm.serve): no other thread may
         # queue, step or abort, or two loops would share one scheduler.
@@ -91,24 +93,20 @@ class Engine(StepLoop):
 
     def make_request(self, prompt: str | list[int], params: SamplingParams,
                      request_id: str | None = None, arrival_time: float | None = None,
-                     priority: int = 0) -> Request:
+                     priority: int = 0, detokenize: bool = True) -> Request:
         """A validated Request, not yet queued. Raises ValueError naming any bad value.
 
         priority: lower is served first under scheduling_policy="priority" (ignored otherwise).
+        detokenize: False leaves the text and stop strings to the caller (Request.detokenize).
         """
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an int (lower runs first), got {priority!r}")
-        index = next(self._counter)
+        self.processor.check_priority(priority)
+        index = next(self._counter)  # taken by a refused request too: later seeds do not shift
         request_id = str(index) if request_id is None else request_id
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {request_id!r:.80}")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        self._check_logprobs(params)
-        token_ids = self.tokenize(prompt)
-        self._check_fits(token_ids, params)
+        token_ids = self.processor.process(prompt, params, priority)
         generator = None
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + index
@@ -116,59 +114,19 @@ class Engine(StepLoop):
         return Request(request_id, token_ids, params,
                        self.clock() if arrival_time is None else arrival_time,
                        prompt=prompt if isinstance(prompt, str) else None, generator=generator,
-                       priority=priority)
+                       priority=priority, detokenize=detokenize)
 
     def enqueue(self, req: Request) -> None:
         self._check_thread()
         self.requests[req.request_id] = req
-        self.detokenizers[req.request_id] = IncrementalDetokenizer(self.tokenizer,
-                                                                   req.prompt_token_ids)
+        if req.detokenize:
+            self.detokenizers[req.request_id] = IncrementalDetokenizer(self.tokenizer,
+                                                                       req.prompt_token_ids)
         self.scheduler.add_request(req)
-
-    def _check_logprobs(self, params: SamplingParams) -> None:
-        """logprobs=k costs a (B, k) top-k and k entries per token of the response: bounded."""
-        k, most = params.logprobs, self.config.max_logprobs
-        if k is not None and k > min(most, self.model.config.vocab_size):
-            raise ValueError(f"logprobs={k} exceeds the most this engine returns, "
-                             f"max_logprobs={most} (vLLM's default; a vocabulary of "
-                             f"{self.model.config.vocab_size} tokens bounds it too)")
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         """A prompt's token ids, checked: non-empty, valid text, ids inside the vocabulary."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
-            token_ids = self.tokenizer.encode(check_unicode("the prompt", prompt))
-        elif isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            token_ids = list(prompt)
-        else:
-            raise ValueError(f"a prompt must be a str or a list of token ids, got {prompt!r:.80}")
-        if not token_ids:
-            raise ValueError("the prompt is empty: it needs at least one token")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
-                             f"[0, {vocab})")
-        return token_ids
-
-    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
-        c, n = self.config, len(token_ids)
-        if n + params.max_tokens > c.max_model_len:
-            raise ValueError(
-                f"prompt of {n} tokens plus max_tokens={params.max_tokens} exceeds the model's "
-                f"context of max_model_len={c.max_model_len} tokens; shorten the prompt or lower "
-                "max_tokens")
-        if not c.enable_chunked_prefill and n > c.max_num_batched_tokens:
-            raise ValueError(
-                f"prompt of {n} tokens exceeds max_num_batched_tokens={c.max_num_batched_tokens}"
-                " and chunked prefill is off; raise the budget or enable_chunked_prefill=True")
-        needed = self.block_manager.num_blocks_for(n + params.max_tokens)
-        if needed > c.num_kv_blocks:
-            raise ValueError(
-                f"a request of {n} prompt tokens + max_tokens={params.max_tokens} needs {needed} "
-                f"KV blocks but the pool has num_kv_blocks={c.num_kv_blocks}; enlarge the pool")
+        return self.processor.tokenize(prompt)
 
     def abort_request(self, request_id: str) -> None:
         """Drop an unfinished request and free its blocks."""
@@ -262,27 +220,24 @@ class Engine(StepLoop):
     def _retire(self, req: Request) -> None:
         """Free a finished, failed or aborted request's blocks and forget it."""
         super()._retire(req)
-        del self.requests[req.request_id], self.detokenizers[req.request_id]
+        del self.requests[req.request_id]
+        self.detokenizers.pop(req.request_id, None)
 
     def stops(self, req: Request, token: int) -> bool:
         """Detokenize the new token; past min_tokens, a stop string it completes or an
-        end-of-sequence token (unless ignore_eos) ends the request."""
-        old_len = len(req.text)
-        req.text += self.detokenizers[req.request_id].step(req.token_ids)
+        end-of-sequence token (unless ignore_eos) ends the request. A request whose caller
+        detokenizes (Request.detokenize False) is ended here by end-of-sequence alone."""
+        if req.detokenize:
+            old_len = len(req.text)
+            req.text += self.detokenizers[req.request_id].step(req.token_ids)
         if req.num_output_tokens < req.params.min_tokens:
             return False
-        return self._hit_stop_string(req, old_len) or (
-            token in self.eos_token_ids and not req.params.ignore_eos)
-
-    @staticmethod
-    def _hit_stop_string(req: Request, old_len: int) -> bool:
-        """Cut the text at the first stop string that the new text completes."""
-        for stop in req.params.stop_strings:
-            at = req.text.find(stop, max(0, old_len - len(stop) + 1))
-            if at >= 0:
-                req.text = req.text[:at]
+        if req.detokenize:
+            cut = find_stop(req.text, old_len, req.params.stop_strings)
+            if cut is not None:
+                req.text = req.text[:cut]
                 return True
-        return False
+        return token in self.eos_token_ids and not req.params.ignore_eos
 
     def stats(self) -> dict[str, int]:
         stats = self.scheduler.stats(self.runner.block_bytes)

@@ -48,6 +48,10 @@ class Request:
     prompt: str | None = None
     generator: torch.Generator | None = None
     priority: int = 0
+    # False: the caller turns tokens into text and checks stop strings (the front end of an
+    # engine core in its own process, minillm.serve.output_processor, as in vLLM V1); the engine
+    # then ends the request only at end-of-sequence or max_tokens, and its text stays empty.
+    detokenize: bool = True
     token_ids: list[int] = field(init=False)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -41,3 +41,13 @@ class IncrementalDetokenizer:
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
         return after[len(before):]
+
+
+def find_stop(text: str, old_len: int, stop_strings: list[str]) -> int | None:
+    """Where text must be cut for the first stop string that its new part (from old_len on)
+    completes, or None. A stop string may begin before old_len and end in the new text."""
+    for stop in stop_strings:
+        at = text.find(stop, max(0, old_len - len(stop) + 1))
+        if at >= 0:
+            return at
+    return None

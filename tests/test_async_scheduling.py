@@ -212,7 +212,7 @@ def test_the_console_script_passes_async_scheduling(monkeypatch):
     served = {}
     monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--async-scheduling"]) == 0
-    assert served["app"].state.server.llm.config.async_scheduling is True
+    assert served["app"].state.server.engine.config.async_scheduling is True
 
 
 @pytest.mark.parametrize("min_tokens", [0, 8])

@@ -353,7 +353,7 @@ def test_console_script_passes_the_prefix_cache_flags_to_the_engine(monkeypatch)
     monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--enable-prefix-caching",
                  "--prefix-caching", "radix", "--scheduling-policy", "lpm"]) == 0
-    config = served["app"].state.server.llm.config
+    config = served["app"].state.server.engine.config
     assert (config.enable_prefix_caching, config.prefix_caching,
             config.scheduling_policy) == (True, "radix", "lpm")
 
@@ -379,9 +379,12 @@ def test_prefix_cache_counters_count_tokens_as_vllm_does():
     assert value("vllm:prefix_cache_hits_total") == 32
 
 
-def test_console_script_settles_torch_threads_before_it_loads_the_model(monkeypatch, capsys):
+@pytest.mark.parametrize("where", ["--no-engine-core-process", "--engine-core-process"])
+def test_console_script_settles_torch_threads_before_it_loads_the_model(monkeypatch, capsys,
+                                                                        where):
     # On a 2-core CPU the engine shares its cores with the HTTP loop and the clients: a second
-    # torch thread stalls its steps, so `minillm serve` takes machine.settle_threads' rule.
+    # torch thread stalls its steps, so `minillm serve` takes machine.settle_threads' rule, in
+    # its own process and in the engine core's.
     from minillm.calc import machine
     from minillm.cli import main
     from minillm.serve import __main__ as serve_main
@@ -393,6 +396,12 @@ def test_console_script_settles_torch_threads_before_it_loads_the_model(monkeypa
     monkeypatch.setattr(serve_main, "LLM",
                         lambda *a, **k: calls.append("load") or real_llm(*a, **k))
     monkeypatch.setattr(GracefulServer, "run", lambda self: None)
-    assert main(["serve", "--device", "cpu", "--port", "0"]) == 0
-    assert calls == ["settle", "load"]
-    assert "torch threads)" in capsys.readouterr().out
+    assert main(["serve", "--device", "cpu", "--port", "0", where]) == 0
+    banner = capsys.readouterr().out
+    if where == "--no-engine-core-process":
+        assert calls == ["settle", "load"]
+    else:  # the core process loads the model, under the same rule (run_engine_core)
+        assert calls == ["settle"]
+        if (os.cpu_count() or 1) <= 2:
+            assert "(1 torch threads; the engine core in its own process)" in banner
+    assert "torch threads;" in banner

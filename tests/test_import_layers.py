@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "minillm.attention.online_softmax", "minillm.attention.tiles"]),
     ("workloads: request streams", ["minillm.workloads", "minillm.workloads.*"]),
     ("engine core: requests to LLM, attention, quant, speculative decoding", [
-        "minillm.request", "minillm.sampling", "minillm.sampling.*", "minillm.metrics",
+        "minillm.request", "minillm.input_processor", "minillm.sampling", "minillm.sampling.*",
+        "minillm.metrics",
         "minillm.trace", "minillm.tokenizer", "minillm.kv_cache", "minillm.prefix_cache",
         "minillm.prefix_cache.*",
         "minillm.waiting_queue", "minillm.scheduler", "minillm.swap", "minillm.batch",

@@ -22,7 +22,7 @@ def test_console_script_passes_speculation_and_kv_dtype_to_the_engine(monkeypatc
     monkeypatch.setattr(GracefulServer, "run", lambda self: served.update(app=self.config.app))
     assert main(["serve", "--device", "cpu", "--port", "0", "--speculative-config",
                  json.dumps(NGRAM), "--kv-cache-dtype", "auto"]) == 0
-    config = served["app"].state.server.llm.config
+    config = served["app"].state.server.engine.config
     assert config.speculative_config.method == "ngram"
     assert config.speculative_config.num_speculative_tokens == 4
 

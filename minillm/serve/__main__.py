@@ -25,11 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from minillm.calc import machine
 from minillm.llm import LLM, default_model_path
 from minillm.serve.config import API_KEY_ENV, ServerConfig, is_loopback
+from minillm.serve.core_client import EngineCoreClient
 
 
 def json_object(text: str) -> dict:
@@ -89,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=False,
                         help="schedule and launch each step before reading the last one's "
                              "tokens, so the host's work overlaps the device's")
+    parser.add_argument("--engine-core-process", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="run the engine core (scheduling, forward, sampling) in a process "
+                             "of its own, so HTTP, JSON and detokenizing never share its "
+                             "interpreter lock (vLLM V1's design); --no-engine-core-process "
+                             "runs it on a thread of the server's process")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0)
@@ -130,6 +135,29 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         enable_docs=args.enable_api_docs)
 
 
+def make_engine(args: argparse.Namespace) -> LLM | EngineCoreClient:
+    """The flags' engine: an EngineCoreClient (the core loads the model in its own process), or
+    an LLM for a thread of this one. OSError or ValueError name what is wrong."""
+    kwargs = dict(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  max_model_len=args.max_model_len, block_size=args.block_size,
+                  num_kv_blocks=args.num_gpu_blocks_override,
+                  gpu_memory_utilization=args.gpu_memory_utilization,
+                  enable_prefix_caching=args.enable_prefix_caching,
+                  prefix_caching=args.prefix_caching, scheduling_policy=args.scheduling_policy,
+                  preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+                  quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                  speculative_config=args.speculative_config,
+                  enable_chunked_prefill=args.enable_chunked_prefill,
+                  enable_cuda_graphs=not args.enforce_eager,
+                  async_scheduling=args.async_scheduling, seed=args.seed,
+                  max_logprobs=args.max_logprobs,
+                  max_trace_steps=10_000)  # a server runs for days: keep the recent steps
+    if args.engine_core_process:
+        return EngineCoreClient(args.model, log_level=args.log_level, **kwargs)
+    return LLM(args.model, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minillm serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -146,41 +174,32 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         config = server_config(args)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype,
-                  max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  max_model_len=args.max_model_len, block_size=args.block_size,
-                  num_kv_blocks=args.num_gpu_blocks_override,
-                  gpu_memory_utilization=args.gpu_memory_utilization,
-                  enable_prefix_caching=args.enable_prefix_caching,
-                  prefix_caching=args.prefix_caching, scheduling_policy=args.scheduling_policy,
-                  preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-                  quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                  speculative_config=args.speculative_config,
-                  enable_chunked_prefill=args.enable_chunked_prefill,
-                  enable_cuda_graphs=not args.enforce_eager,
-                  async_scheduling=args.async_scheduling, seed=args.seed,
-                  max_logprobs=args.max_logprobs,
-                  max_trace_steps=10_000)  # a server runs for days: keep the recent steps
+        engine = make_engine(args)
     except (OSError, ValueError) as e:
         print(f"minillm serve: {e}", file=sys.stderr)
         return 2
-    name = args.served_model_name or llm.model_name
-    app = build_app(llm, name, config, args.host)
-    print(f"minillm serve: {name} on {llm.engine.device} ({torch.get_num_threads()} torch "
-          f"threads), {llm.config.num_kv_blocks} KV blocks of "
-          f"{llm.config.block_size} tokens, max_num_seqs {llm.config.max_num_seqs}; model loaded "
+    name = args.served_model_name or engine.model_name
+    app = build_app(engine, name, config, args.host)
+    engine = app.state.server.engine  # the EngineClient serving the flags' engine
+    c = engine.config
+    where = ("in its own process" if args.engine_core_process
+             else "on a thread of this process")
+    print(f"minillm serve: {name} on {engine.device} ({engine.torch_threads} torch "
+          f"threads; the engine core {where}), {c.num_kv_blocks} KV blocks of "
+          f"{c.block_size} tokens, max_num_seqs {c.max_num_seqs}; model loaded "
           f"in {time.perf_counter() - start:.2f} s; http://{args.host}:{args.port}/v1"
           f"{'' if config.api_key else ' (no API key)'}", flush=True)
     server = GracefulServer(app, args.host, args.port, args.log_level, config)
-    engine_loop = app.state.server.loop
     # A dead engine: stop serving (uvicorn's flag, read by its main loop) and exit 1 below.
-    engine_loop.on_death = lambda: setattr(server, "should_exit", True)
+    engine.on_death = lambda: setattr(server, "should_exit", True)
     # SIGINT/SIGTERM: uvicorn stops accepting; in-flight requests may finish for
     # shutdown_grace seconds, then each ends with an error event or a 503 (GracefulServer).
-    server.run()
-    if engine_loop.error is not None:
-        print(f"minillm serve: the engine failed ({engine_loop.error!r}); exiting with status 1 "
+    try:
+        server.run()
+    finally:  # the app's shutdown stops it; if the app never started, this does
+        engine.stop(0)
+    if engine.error is not None:
+        print(f"minillm serve: the engine failed ({engine.error!r}); exiting with status 1 "
               "so that a supervisor restarts the server", file=sys.stderr, flush=True)
         return 1
     return 0

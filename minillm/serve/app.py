@@ -3,9 +3,11 @@
 One request's life: the guard (guard.py) checks its Host, Origin, key and content type and reads
 its bounded body; the handler stamps its arrival, reserves an engine id, and on a worker thread
 (a 2 MB prompt takes seconds to tokenize, which must not stall the streams) parses the body
-(protocol.py), validates it and tokenizes it (Engine.make_request); then it hands the request to
-the engine thread and relays the outputs as they come (responses.py writes them), whole or as
-server-sent events. Every failure the client caused is a 4xx with OpenAI's error object
+(protocol.py), validates it and tokenizes it (EngineClient.make_request: the engine's own
+checks); then it hands the request to the engine and relays the outputs as they come
+(responses.py writes them), whole or as server-sent events. The engine is an EngineClient:
+on a thread of this process (EngineLoop) or in a process of its own (EngineCoreClient); the
+routes never ask which. Every failure the client caused is a 4xx with OpenAI's error object
 (errors.py maps each failure to its status); nothing it does reaches another request.
 """
 
@@ -26,7 +28,8 @@ from starlette.middleware.cors import CORSMiddleware
 from minillm.llm import LLM
 from minillm.request import RequestOutput
 from minillm.serve.config import ServerConfig
-from minillm.serve.engine_loop import EngineDead, EngineLoop
+from minillm.serve.engine_client import EngineClient, EngineDead
+from minillm.serve.engine_loop import EngineLoop
 from minillm.serve.errors import add_error_handlers, engine_error
 from minillm.serve.guard import Guard
 from minillm.serve.prometheus import ServerMetrics
@@ -44,20 +47,21 @@ MAX_LABEL_CHARS = 256  # an X-Request-Id is echoed, logged and traced: keep it a
 
 
 class Server:
-    """The routes' shared state: the LLM, its engine loop, its metrics, its name."""
+    """The routes' shared state: the engine (an EngineClient), its metrics, its name."""
 
-    def __init__(self, llm: LLM, model_name: str, config: ServerConfig):
-        self.llm, self.model_name, self.config = llm, model_name, config
-        self.metrics = ServerMetrics(llm.engine, model_name)
-        self.loop = EngineLoop(llm, self.metrics.on_step)
+    def __init__(self, engine: EngineClient, model_name: str, config: ServerConfig):
+        self.engine, self.model_name, self.config = engine, model_name, config
+        self.metrics = ServerMetrics(engine, model_name)
+        engine.on_step = self.metrics.on_step
         # Parsing, the chat template and tokenizing run here, off the event loop.
         self.workers = ThreadPoolExecutor(2, thread_name_prefix="minillm-tokenize")
-        c = llm.config
+        c = engine.config
+        assert c.max_model_len is not None and c.num_kv_blocks is not None
         self.capacity = min(c.max_model_len, c.num_kv_blocks * c.block_size)
 
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The checkpoint's own chat template (the shipped model's writes a play) as token ids."""
-        tok = self.llm.tokenizer
+        tok = self.engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise APIError("this checkpoint has no chat template, so it cannot take chat "
                            "messages: use /v1/completions", "messages")
@@ -81,7 +85,7 @@ class Server:
         parsed = (parse_chat(body, self.render_chat, self.capacity) if chat
                   else parse_completion(body))
         try:
-            req = self.loop.make_request(parsed.prompt, parsed.params, request_id, arrival,
+            req = self.engine.make_request(parsed.prompt, parsed.params, request_id, arrival,
                                          parsed.priority)
         except ValueError as e:
             param = engine_param(str(e), chat)
@@ -104,16 +108,16 @@ class Server:
         label = self.label(raw)
         data = await raw.body()  # already read, whole and bounded, by the guard
         prefix = "chatcmpl" if chat else "cmpl"
-        request_id = self.loop.reserve_id(prefix, label)
+        request_id = self.engine.reserve_id(prefix, label)
         try:
             parsed, req = await asyncio.get_running_loop().run_in_executor(
                 self.workers, self.prepare, data, chat, request_id, arrival)
         except BaseException:  # refused, or the client left while it was being tokenized
-            self.loop.release_id(request_id)
+            self.engine.release_id(request_id)
             raise
         response_id = f"{prefix}-{label}" if label else request_id
-        writer = ResponseWriter(response_id, self.model_name, parsed, self.llm.tokenizer)
-        outputs = self.loop.stream(req)
+        writer = ResponseWriter(response_id, self.model_name, parsed, self.engine.tokenizer)
+        outputs = self.engine.stream(req)
         if parsed.stream:
             return StreamingResponse(self._events(outputs, writer, parsed),
                                      media_type="text/event-stream")
@@ -181,7 +185,7 @@ class Server:
 
 def tokenize_routes(app: FastAPI, server: Server) -> None:
     """vLLM's /tokenize and /detokenize, which benchmark clients use to align prompt lengths."""
-    tok = server.llm.tokenizer
+    tok = server.engine.tokenizer
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict[str, Any]:
@@ -194,19 +198,19 @@ def tokenize_routes(app: FastAPI, server: Server) -> None:
                 raise APIError("this checkpoint has no tokenizer", "prompt")
             try:
                 ids = await asyncio.get_running_loop().run_in_executor(
-                    server.workers, server.llm.engine.tokenize, body["prompt"])
+                    server.workers, server.engine.processor.tokenize, body["prompt"])
             except ValueError as e:
                 raise APIError(str(e), "prompt") from None
         else:
             raise APIError("tokenize takes a prompt string or chat messages", "prompt")
-        return {"count": len(ids), "max_model_len": server.llm.config.max_model_len,
+        return {"count": len(ids), "max_model_len": server.engine.config.max_model_len,
                 "tokens": list(ids), "token_strs": None}
 
     @app.post("/detokenize")
     async def detokenize(raw: Request) -> dict[str, Any]:
         body = server.parse_body(await raw.body())
         check_model(body, server.model_name)
-        ids, vocab = body.get("tokens"), server.llm.model.config.vocab_size
+        ids, vocab = body.get("tokens"), server.engine.vocab_size
         if not isinstance(ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
             raise APIError(f"tokens must be a list of token ids in [0, {vocab})", "tokens")
@@ -215,20 +219,23 @@ def tokenize_routes(app: FastAPI, server: Server) -> None:
         return {"prompt": tok.decode(ids)}
 
 
-def build_app(llm: LLM, model_name: str | None = None, config: ServerConfig | None = None,
-              bound_host: str = "127.0.0.1") -> FastAPI:
-    """The OpenAI-compatible app serving llm; its engine loop runs while the app does.
+def build_app(engine: LLM | EngineClient, model_name: str | None = None,
+              config: ServerConfig | None = None, bound_host: str = "127.0.0.1") -> FastAPI:
+    """The OpenAI-compatible app serving engine (an LLM is served on a thread of this process,
+    EngineLoop); the engine runs while the app does, and stops with it.
     config: the guards and limits (default ServerConfig()); bound_host: the address the server
     listens on, which decides the Host names it answers to."""
-    model_name = model_name or llm.model_name
+    if isinstance(engine, LLM):
+        engine = EngineLoop(engine)
+    model_name = model_name or engine.model_name
     config = config or ServerConfig()
-    server = Server(llm, model_name, config)
+    server = Server(engine, model_name, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        server.loop.start()
+        server.engine.start()
         yield
-        server.loop.stop()  # aborts whatever the graceful shutdown did not finish
+        server.engine.stop()  # aborts whatever the graceful shutdown did not finish
         server.workers.shutdown(wait=False, cancel_futures=True)
 
     docs = {} if config.enable_docs else {"docs_url": None, "redoc_url": None,
@@ -245,13 +252,14 @@ def build_app(llm: LLM, model_name: str | None = None, config: ServerConfig | No
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if server.loop.alive else 503)
+        return Response(status_code=200 if server.engine.alive else 503)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": 0, "owned_by": "minillm",
-            "root": model_name, "parent": None, "max_model_len": llm.config.max_model_len,
+            "root": model_name, "parent": None,
+            "max_model_len": server.engine.config.max_model_len,
             "permission": []}]}
 
     @app.get("/metrics")

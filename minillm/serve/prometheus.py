@@ -17,8 +17,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from minillm.engine import Engine
 from minillm.request import RequestOutput
+from minillm.serve.engine_client import EngineClient
 
 disable_created_metrics()  # no `_created` twin of every counter, as vLLM does
 
@@ -27,9 +27,10 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
 
 
 class ServerMetrics:
-    """Updated by the engine thread after every step (EngineLoop's on_step)."""
+    """Updated after every step (the EngineClient's on_step), from the engine's counters as of
+    that step (EngineClient.stats)."""
 
-    def __init__(self, engine: Engine, model_name: str):
+    def __init__(self, engine: EngineClient, model_name: str):
         self.engine = engine
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
@@ -56,7 +57,7 @@ class ServerMetrics:
                 ("spec_decode_num_drafts", "Verifications of proposed tokens."),
                 ("spec_decode_num_draft_tokens", "Tokens proposed."),
                 ("spec_decode_num_accepted_tokens", "Proposed tokens the target accepted."))
-        ] if engine.spec is not None else []
+        ] if engine.speculative else []
         self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = make(Counter, "vllm:generation_tokens", "Tokens generated.")
         self.ttft = make(Histogram, "vllm:time_to_first_token_seconds",

@@ -46,7 +46,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     """Linux: ask the kernel to send this process SIGTERM when its parent dies. (Strictly, when
     the parent's thread that started it ends: start a ServerProcess from a thread that outlives
     it, as a notebook's cells and a test's body are.)"""
@@ -140,7 +140,7 @@ class ServerProcess:
         self._proc = subprocess.Popen(
             self.command(),
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         self.pid = self._proc.pid
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._log, 15.0)
         return started
