@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import time
+from typing import Any
 
 import torch
 
@@ -83,3 +85,59 @@ def open_stream(port: int, max_tokens: int) -> socket.socket:
     while received.count(b"data: ") < 3:
         received += sock.recv(65536)
     return sock
+
+
+# ---- faults to plant in an engine, in this process or in an engine core's own ----------------
+# Each takes the LLM once it is built: EngineCoreClient(hook="support:NAME") calls it inside the
+# core process (its sys.path is the test process's, so this module imports there too).
+
+POISONED_SEED = 4242  # sampling a batch with a request of this seed raises
+
+
+def poison_sampler(llm: Any) -> None:
+    """Sampling fails for any batch holding a request seeded POISONED_SEED (as a bad top-k
+    index would), and only for those: the engine retries each request alone."""
+    engine = llm.engine
+    sampler = engine.sampler
+
+    def fragile(logits, params, generators):
+        if any(p.seed == POISONED_SEED for p in params):
+            raise RuntimeError("selected index k out of range")
+        return sampler(logits, params, generators)
+
+    engine.sampler = fragile
+
+
+def _replace_step(llm: Any, step: Any) -> None:
+    llm.engine.run_step = step  # Engine.step and the engine core both step through run_step
+
+
+def fail_after_five_steps(llm: Any) -> None:
+    """The sixth step, and every one after it, raises: a kernel that has started failing."""
+    step, steps = llm.engine.run_step, []
+
+    def failing():
+        steps.append(1)
+        if len(steps) > 5:
+            raise RuntimeError("simulated kernel failure")
+        return step()
+
+    _replace_step(llm, failing)
+
+
+def fail_every_step(llm: Any) -> None:
+    def broken():
+        raise RuntimeError("simulated kernel failure")
+
+    _replace_step(llm, broken)
+
+
+def slow_steps(llm: Any) -> None:
+    """Each step takes 20 ms longer, so no long request can finish in a short grace period."""
+    step = llm.engine.run_step
+
+    def slow():
+        time.sleep(0.02)
+        return step()
+
+    _replace_step(llm, slow)

@@ -4,14 +4,22 @@ too large or never arrive, a shutdown with long requests running, and the guards
 Origin, content type). After each probe another client's stream must have completed intact and
 the server must be back to no running request and no KV block in use.
 
+The server's engine runs both ways, each test that touches the engine running on both: on a
+thread of the server's process (EngineLoop) and in an engine core process of its own
+(EngineCoreClient), where faults are planted through its hook (support.py's planters), and
+where a core that is killed outright must end every stream with an error too.
+
 Loops are bounded and every server stops by itself; nothing leaves 127.0.0.1.
 """
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
+import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -19,10 +27,12 @@ import urllib.request
 
 import aiohttp
 import pytest
+import support
 
 from minillm import LLM, SamplingParams
 from minillm.serve import start_server
 from minillm.serve.config import ServerConfig
+from minillm.serve.core_client import EngineCoreClient
 
 NUM_BLOCKS = 64
 BODY_LIMIT = 64 * 1024
@@ -30,15 +40,36 @@ BYSTANDER = {"prompt": "KING.\n", "max_tokens": 8, "temperature": 0, "ignore_eos
              "stream": True}
 
 
+MODES = ["thread", "process"]  # the engine on a thread of the server, or in its own process
+
+
+def make_engine(mode, hook=None, **kwargs):
+    """An LLM (served on a thread) or an EngineCoreClient, with the fault support.HOOK planted."""
+    kwargs = {"device": "cpu", **kwargs}
+    if mode == "process":
+        return EngineCoreClient(hook=None if hook is None else f"support:{hook}", **kwargs)
+    llm = LLM(**kwargs)
+    if hook is not None:
+        getattr(support, hook)(llm)
+    return llm
+
+
+@contextlib.contextmanager
+def serving(mode, hook=None, config=None, **kwargs):
+    with start_server(make_engine(mode, hook, **kwargs), config=config) as running:
+        yield running
+
+
 @pytest.fixture(scope="module")
 def llm():
     return LLM(device="cpu", max_num_seqs=8, num_kv_blocks=NUM_BLOCKS, enable_prefix_caching=True)
 
 
-@pytest.fixture(scope="module")
-def server(llm):
+@pytest.fixture(scope="module", params=MODES)
+def server(request):
     config = ServerConfig(max_body_bytes=BODY_LIMIT, body_timeout=1.5)
-    with start_server(llm, config=config) as running:
+    with serving(request.param, "poison_sampler", config, max_num_seqs=8,
+                 num_kv_blocks=NUM_BLOCKS, enable_prefix_caching=True) as running:
         yield running
 
 
@@ -100,7 +131,7 @@ def metric(port, name):
 def settled(server):
     """No request running, every KV block free, and /metrics saying so."""
     def idle():
-        stats = server.llm.stats()
+        stats = server.stats()
         return stats["num_running"] == 0 and stats["num_waiting"] == 0 and \
             stats["num_free_blocks"] == NUM_BLOCKS
     wait_until(idle)
@@ -319,35 +350,25 @@ def test_a_repeated_request_id_never_crosses_streams(server, reference):
 
 
 def test_a_request_that_fails_inside_a_step_fails_alone(server, reference):
-    engine = server.llm.engine
-    sampler = engine.sampler
-    poisoned = 4242  # the seed that marks the request whose sampling raises
-
-    def fragile(logits, params, generators):
-        if any(p.seed == poisoned for p in params):
-            raise RuntimeError("selected index k out of range")
-        return sampler(logits, params, generators)
-
-    engine.sampler = fragile
-    try:
-        bystander = Bystander(server.port)
-        body = {"prompt": "KING.\n", "max_tokens": 6, "seed": poisoned, "temperature": 0.8}
-        code, reply, _ = request(server.port, "POST", C, body)
-        check_error(code, reply, 500, None)
-        assert "selected index k out of range" in reply["error"]["message"]
-        code, _, payload = request(server.port, "POST", C, {**body, "stream": True})
-        events = sse_events(payload)
-        assert code == 200 and events[-1] == "data: [DONE]"
-        assert "selected index" in json.loads(events[-2][6:])["error"]["message"]
-        assert bystander.text() == greedy_text(reference, BYSTANDER["prompt"], 8)
-    finally:
-        engine.sampler = sampler
+    # The server's engine samples through support.poison_sampler: a batch that holds a request
+    # of POISONED_SEED raises, and the engine must end that request alone.
+    bystander = Bystander(server.port)
+    body = {"prompt": "KING.\n", "max_tokens": 6, "seed": support.POISONED_SEED,
+            "temperature": 0.8}
+    code, reply, _ = request(server.port, "POST", C, body)
+    check_error(code, reply, 500, None)
+    assert "selected index k out of range" in reply["error"]["message"]
+    code, _, payload = request(server.port, "POST", C, {**body, "stream": True})
+    events = sse_events(payload)
+    assert code == 200 and events[-1] == "data: [DONE]"
+    assert "selected index" in json.loads(events[-2][6:])["error"]["message"]
+    assert bystander.text() == greedy_text(reference, BYSTANDER["prompt"], 8)
     assert urllib.request.urlopen(server.url + "/health").status == 200
     settled(server)
 
 
 def test_tokenizing_runs_off_the_event_loop(server):
-    engine = server.llm.engine
+    engine = server.engine.processor  # the server's own checks and tokenizer, in its process
     tokenize = engine.tokenize
     release = threading.Event()
 
@@ -375,13 +396,13 @@ def test_tokenizing_runs_off_the_event_loop(server):
     settled(server)
 
 
-def test_clients_find_what_they_read(server, llm):
+def test_clients_find_what_they_read(server):
     # vLLM's benchmark client reads models[0]["root"] when --model is not given
     models = json.loads(urllib.request.urlopen(server.url + "/v1/models").read())["data"]
     assert models[0]["root"] == server.model_name and models[0]["max_model_len"] == 2048
     # ... and POST /tokenize to align prompt lengths
     code, reply, _ = request(server.port, "POST", "/tokenize", {"prompt": "ROMEO.\nWhat?"})
-    assert code == 200 and reply["tokens"] == llm.tokenizer.encode("ROMEO.\nWhat?")
+    assert code == 200 and reply["tokens"] == server.engine.tokenizer.encode("ROMEO.\nWhat?")
     assert reply["count"] == len(reply["tokens"]) and reply["max_model_len"] == 2048
     code, back, _ = request(server.port, "POST", "/detokenize", {"tokens": reply["tokens"]})
     assert code == 200 and back["prompt"] == "ROMEO.\nWhat?"
@@ -419,20 +440,21 @@ def test_the_chat_role_chunk_comes_with_the_first_token(server):
     assert "content" in json.loads(events[1][6:])["choices"][0]["delta"]
     # Clients that time TTFT by the first chunk with choices (vLLM's does) must see a token:
     # the role chunk left the server after the engine's first token of this request.
-    steps = [s for s in server.llm.trace if any(e.request_id == "role-check"
-                                                for e in s.scheduled)]
-    assert steps and steps[0].end <= received
+    if server.llm is not None:  # the engine's trace is in this process
+        steps = [s for s in server.llm.trace if any(e.request_id == "role-check"
+                                                    for e in s.scheduled)]
+        assert steps and steps[0].end <= received
 
 
 def test_chat_without_max_tokens_may_fill_the_pool_not_the_context(server):
     # 64 blocks of 16 = 1,024 tokens, less than the model's 2,048: the default fits the pool.
     body = json.dumps({"messages": HI}).encode()
-    request_id = server._server.config.app.state.server.loop.reserve_id("t")
     app_server = server._server.config.app.state.server
+    request_id = app_server.engine.reserve_id("t")
     try:
         parsed, req = app_server.prepare(body, True, request_id, 0.0)
     finally:
-        app_server.loop.release_id(request_id)
+        app_server.engine.release_id(request_id)
     assert parsed.params.max_tokens == NUM_BLOCKS * 16 - len(req.prompt_token_ids)
 
 
@@ -496,63 +518,93 @@ def test_allowed_hosts_widens_the_host_check(llm):
         assert request(lab.port, "POST", C, body, headers={"Host": "127.0.0.1"})[0] == 400
 
 
-def test_a_dead_engine_ends_every_request_and_says_why(caplog):
-    llm = LLM(device="cpu", max_num_seqs=4, num_kv_blocks=32)
+def check_dead(server, died, message):
+    """After the engine died: every later request is a 503, /health says so, and /metrics does
+    not freeze with the dead batch "running"."""
+    assert died.wait(10)
+    code, reply, _ = request(server.port, "POST", C, {"prompt": "x", "max_tokens": 2})
+    check_error(code, reply, 503, None)
+    assert request(server.port, "GET", "/health")[0] == 503
+    assert metric(server.port, "vllm:num_requests_running") == 0
+    assert metric(server.port, "vllm:kv_cache_usage_perc") == 0
+
+
+def ends_with_error(port, body, message):
+    code, _, payload = request(port, "POST", C, body)
+    events = sse_events(payload)
+    assert code == 200 and events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][6:])["error"]
+    assert message in error["message"] and error["code"] == 500, error
+
+
+LONG = {"prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_dead_engine_ends_every_request_and_says_why(caplog, mode):
     died = threading.Event()
-    with start_server(llm) as server:
-        app_server = server._server.config.app.state.server
-        app_server.loop.on_death = died.set
-        step, steps = llm.engine.step, []
+    logger = "minillm.serve." + ("engine_loop" if mode == "thread" else "core_client")
+    with serving(mode, "fail_after_five_steps", max_num_seqs=4, num_kv_blocks=32) as server:
+        server.engine.on_death = died.set
+        with caplog.at_level(logging.ERROR, logger=logger):
+            ends_with_error(server.port, LONG, "simulated kernel failure")
+            check_dead(server, died, "simulated kernel failure")
+        assert any("engine" in r.message and "fail" in r.message for r in caplog.records)
+        if mode == "thread":
+            assert server.llm.stats()["num_free_blocks"] == 32
+        else:  # the core ended its requests, said why and exited with status 1
+            assert server.engine._process.wait(10) == 1
 
-        def failing():
-            steps.append(1)
-            if len(steps) > 5:
-                raise RuntimeError("simulated kernel failure")
-            return step()
 
-        llm.engine.step = failing
-        with caplog.at_level(logging.ERROR, logger="minillm.serve.engine_loop"):
-            code, _, payload = request(server.port, "POST", C, {
-                "prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True})
+def test_a_killed_engine_core_ends_every_stream_with_an_error():
+    died = threading.Event()
+    with serving("process", "slow_steps", max_num_seqs=4, num_kv_blocks=64) as server:
+        server.engine.on_death = died.set
+        results = {}
+        clients = [threading.Thread(target=lambda k=k: results.update(
+            {k: request(server.port, "POST", C, {**LONG, "max_tokens": 500}, timeout=60)}))
+            for k in range(2)]
+        for c in clients:
+            c.start()
+        wait_until(lambda: server.stats()["num_running"] == 2)
+        os.kill(server.engine.pid, signal.SIGKILL)  # no word from the core: its pipe closes
+        for c in clients:
+            c.join(30)
+        for code, _, payload in results.values():
             events = sse_events(payload)
             assert code == 200 and events[-1] == "data: [DONE]"
             error = json.loads(events[-2][6:])["error"]
-            assert "simulated kernel failure" in error["message"] and error["code"] == 500
-            assert died.wait(10)
-            code, reply, _ = request(server.port, "POST", C, {"prompt": "x", "max_tokens": 2})
-            check_error(code, reply, 503, None)
-            assert request(server.port, "GET", "/health")[0] == 503
-            # /metrics does not freeze with the dead batch "running"
-            assert metric(server.port, "vllm:num_requests_running") == 0
-            assert metric(server.port, "vllm:kv_cache_usage_perc") == 0
-        assert any("engine step failed" in r.message and r.exc_info for r in caplog.records)
-    assert llm.stats()["num_free_blocks"] == 32
+            assert "engine core process exited (status -9)" in error["message"], error
+        check_dead(server, died, "exited")
 
 
-def test_the_console_script_exits_non_zero_when_the_engine_dies(monkeypatch):
+@pytest.mark.parametrize("where", ["--no-engine-core-process", "--engine-core-process"])
+def test_the_console_script_exits_non_zero_when_the_engine_dies(monkeypatch, where):
     import minillm.serve.__main__ as cli
 
     made = {}
+    real_llm, real_client = cli.LLM, cli.EngineCoreClient
 
-    class FailingLLM(LLM):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made["llm"] = self
+    def broken_llm(*args, **kwargs):
+        made["engine"] = llm = real_llm(*args, **kwargs)
+        support.fail_every_step(llm)
+        return llm
 
-            def broken():
-                raise RuntimeError("simulated kernel failure")
-            self.engine.step = broken
+    def broken_client(*args, **kwargs):
+        made["engine"] = real_client(*args, hook="support:fail_every_step", **kwargs)
+        return made["engine"]
 
-    monkeypatch.setattr(cli, "LLM", FailingLLM)
+    monkeypatch.setattr(cli, "LLM", broken_llm)
+    monkeypatch.setattr(cli, "EngineCoreClient", broken_client)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     result = {}
     thread = threading.Thread(target=lambda: result.update(code=cli.main([
         "--device", "cpu", "--port", str(port), "--num-gpu-blocks-override", "16",
-        "--log-level", "critical"])))
+        "--log-level", "critical", where])))
     thread.start()
-    wait_until(lambda: "llm" in made, timeout=60)
+    wait_until(lambda: "engine" in made, timeout=60)
 
     def up():
         try:
@@ -581,16 +633,11 @@ def test_non_loopback_binds_need_a_key_or_an_explicit_flag():
     assert server_config(parser.parse_args(["--host", "127.0.0.5"])).api_key is None
 
 
-def test_shutdown_ends_long_requests_with_an_error_not_silence():
-    llm = LLM(device="cpu", max_num_seqs=4, num_kv_blocks=128)
-    step = llm.engine.step
-
-    def slow_step():  # so that neither request can finish in the grace period
-        time.sleep(0.02)
-        return step()
-
-    llm.engine.step = slow_step
-    server = start_server(llm, config=ServerConfig(shutdown_grace=1.0))
+@pytest.mark.parametrize("mode", MODES)
+def test_shutdown_ends_long_requests_with_an_error_not_silence(mode):
+    # Each step is 20 ms slower (support.slow_steps), so neither request can finish in the grace.
+    engine = make_engine(mode, "slow_steps", max_num_seqs=4, num_kv_blocks=128)
+    server = start_server(engine, config=ServerConfig(shutdown_grace=1.0))
     long = {"prompt": "ROMEO.\n", "max_tokens": 1500, "ignore_eos": True}
     results = {}
     clients = [threading.Thread(target=lambda k=k, b=b: results.update(
@@ -598,7 +645,7 @@ def test_shutdown_ends_long_requests_with_an_error_not_silence():
         for k, b in (("stream", {**long, "stream": True}), ("whole", long))]
     for c in clients:
         c.start()
-    wait_until(lambda: llm.stats()["num_running"] == 2)
+    wait_until(lambda: server.stats()["num_running"] == 2)
     server.close()
     for c in clients:
         c.join(30)
@@ -609,7 +656,10 @@ def test_shutdown_ends_long_requests_with_an_error_not_silence():
     code, reply, _ = results["whole"]
     check_error(code, reply, 503, None)
     assert "shutting down" in reply["error"]["message"]
-    assert llm.stats()["num_free_blocks"] == 128
+    if mode == "thread":
+        assert engine.stats()["num_free_blocks"] == 128
+    else:  # the core aborted both and exited cleanly
+        assert engine._process.wait(10) == 0
 
 
 def test_the_key_can_come_from_the_environment(monkeypatch):
