@@ -1,5 +1,6 @@
-"""python -m minillm.bench engine | overhead | host | serve | simulate | kernels | gpu | prefix |
-preempt | spec | quant | chapters: side-by-side figures, and the chapters run outside Jupyter."""
+"""python -m minillm.bench engine | overhead | host | serve | servers | simulate | kernels | gpu |
+prefix | preempt | spec | quant | chapters: side-by-side figures, and the chapters run outside
+Jupyter."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from minillm.bench import (
     prefix,
     quant,
     serve,
+    servers,
     simulate,
     spec,
     tiles,
@@ -29,8 +31,8 @@ from minillm.calc import machine
 # an exit status or, for engine and simulate, the figures it printed (then 0). Those that time
 # the Triton kernels on an NVIDIA GPU need CUDA.
 COMMANDS = {"engine": engine, "overhead": overhead, "host": host, "kernels": kernels, "gpu": gpu,
-            "serve": serve, "simulate": simulate, "chapters": chapters, "tiles": tiles,
-            "prefix": prefix, "preempt": preempt, "spec": spec, "quant": quant}
+            "serve": serve, "servers": servers, "simulate": simulate, "chapters": chapters,
+            "tiles": tiles, "prefix": prefix, "preempt": preempt, "spec": spec, "quant": quant}
 NEEDS_CUDA = {"kernels", "gpu"}
 
 
