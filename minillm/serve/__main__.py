@@ -29,6 +29,7 @@ from minillm.calc import machine
 from minillm.llm import LLM, default_model_path
 from minillm.serve.config import API_KEY_ENV, ServerConfig, is_loopback
 from minillm.serve.core_client import EngineCoreClient
+from minillm.serve.engine_loop import EngineLoop
 
 
 def json_object(text: str) -> dict:
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = server_config(args)
         engine = make_engine(args)
+        ready = time.perf_counter() - start
     except (OSError, ValueError) as e:
         print(f"minillm serve: {e}", file=sys.stderr)
         return 2
@@ -182,12 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     app = build_app(engine, name, config, args.host)
     engine = app.state.server.engine  # the EngineClient serving the flags' engine
     c = engine.config
-    where = ("in its own process" if args.engine_core_process
-             else "on a thread of this process")
+    # The model's load alone (ServerProcess reads it); a core's process adds its interpreter.
+    if isinstance(engine, EngineLoop):
+        where, load, started = "on a thread of this process", ready, ""
+    else:
+        where, load = "in its own process", engine.load_seconds
+        started = f" (the core's process ready {ready:.2f} s after launch)"
     print(f"minillm serve: {name} on {engine.device} ({engine.torch_threads} torch "
           f"threads; the engine core {where}), {c.num_kv_blocks} KV blocks of "
-          f"{c.block_size} tokens, max_num_seqs {c.max_num_seqs}; model loaded "
-          f"in {time.perf_counter() - start:.2f} s; http://{args.host}:{args.port}/v1"
+          f"{c.block_size} tokens, max_num_seqs {c.max_num_seqs}; model loaded in {load:.2f} s"
+          f"{started}; http://{args.host}:{args.port}/v1"
           f"{'' if config.api_key else ' (no API key)'}", flush=True)
     server = GracefulServer(app, args.host, args.port, args.log_level, config)
     # A dead engine: stop serving (uvicorn's flag, read by its main loop) and exit 1 below.

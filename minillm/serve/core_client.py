@@ -87,11 +87,15 @@ class EngineCoreClient(EngineClient):
         self.pid = self._process.pid
         self._finalizer = weakref.finalize(self, _stop_process, self._process, 0.0)
         self._conn.send(CoreSetup(model, llm_kwargs, log_level, hook, list(sys.path)))
+        # The server's own tokenizer loads while the core starts (a missing folder is the
+        # core's to report: it names the flag).
+        folder = None if isinstance(model, ModelConfig) else Path(model or default_model_path())
+        self.tokenizer = load_tokenizer(folder) if folder is not None and folder.is_dir() \
+            else None
         ready = self._await_ready(startup_timeout)
         self.config, self.model_name, self.device = ready.config, ready.model_name, ready.device
         self.speculative, self.torch_threads = ready.speculative, ready.torch_threads
-        self.tokenizer = None if isinstance(model, ModelConfig) else load_tokenizer(
-            Path(model) if model is not None else default_model_path())
+        self.load_seconds = ready.load_seconds
         self.processor = InputProcessor(self.tokenizer, self.config, ready.vocab_size)
         self._outputs = OutputProcessor(self.tokenizer)
         self._stats = ready.stats

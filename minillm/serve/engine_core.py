@@ -24,6 +24,7 @@ import importlib
 import logging
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -76,6 +77,7 @@ class CoreReady:
     torch_threads: int
     speculative: bool
     stats: dict[str, int]
+    load_seconds: float  # building the LLM: weights, the pool, the draft (not the imports)
 
 
 class CoreOutput(NamedTuple):
@@ -231,6 +233,7 @@ def run_engine_core(conn: Connection, setup: CoreSetup) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     machine.settle_threads()  # the same rule as the server's own process
     sys.path[:] = setup.sys_path
+    start = time.perf_counter()
     try:
         llm = LLM(setup.model, **setup.llm_kwargs)
         if setup.hook is not None:
@@ -243,7 +246,7 @@ def run_engine_core(conn: Connection, setup: CoreSetup) -> int:
     engine = llm.engine
     conn.send(CoreReady(llm.config, llm.model.config.vocab_size, llm.model_name,
                         str(engine.device), torch.get_num_threads(), engine.spec is not None,
-                        engine.stats()))
+                        engine.stats(), time.perf_counter() - start))
     return EngineCore(engine, conn).run()
 
 
