@@ -1,6 +1,10 @@
 """minillm serve: an OpenAI-compatible HTTP server over the engine, and a benchmark client.
 
-    engine_loop.py  the engine on a thread of its own; each request's outputs as an async stream
+    engine_client.py  EngineClient: what the server asks of an engine, filled two ways:
+    engine_loop.py  ... the engine on a thread of the server's process (start_server(llm))
+    core_client.py  ... the engine core in a process of its own (minillm serve's default)
+    engine_core.py  the engine core's process: its loop and the messages over its pipe
+    output_processor.py  the server's side of a core process: tokens to text, stop strings
     protocol.py     OpenAI request bodies -> SamplingParams; 4xx errors
     responses.py    response bodies and stream chunks: usage, log-probabilities
     config.py       ServerConfig: the API key, allowed hosts and origins, body and header limits

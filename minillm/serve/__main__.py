@@ -90,11 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="schedule and launch each step before reading the last one's "
                              "tokens, so the host's work overlaps the device's")
     parser.add_argument("--engine-core-process", action=argparse.BooleanOptionalAction,
-                        default=True,
+                        default=os.name == "posix",  # the core's launch needs POSIX (Linux, macOS)
                         help="run the engine core (scheduling, forward, sampling) in a process "
                              "of its own, so HTTP, JSON and detokenizing never share its "
                              "interpreter lock (vLLM V1's design); --no-engine-core-process "
-                             "runs it on a thread of the server's process")
+                             "runs it on a thread of the server's process (the default on "
+                             "Windows)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0)
