@@ -164,3 +164,27 @@ def test_the_core_goes_when_its_server_dies():
         assert time.monotonic() < deadline, "the engine core outlived its server"
     finally:
         parent.kill()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_request_that_reaches_a_stopped_engine_ends_at_once(mode):
+    # stream() checks that the engine is alive; an engine that stops right after that check
+    # must still end the request's stream rather than leave it waiting forever.
+    from minillm.serve.engine_client import EngineDead, Sink
+    from minillm.serve.engine_loop import EngineLoop
+
+    engine = (EngineLoop(LLM(device="cpu", num_kv_blocks=16)) if mode == "thread"
+              else EngineCoreClient(device="cpu", num_kv_blocks=16))
+    engine.start()
+    engine.stop()
+
+    async def late():
+        req = engine.make_request("KING.\n", SamplingParams(max_tokens=2),
+                                  engine.reserve_id("t"), time.perf_counter())
+        sink = Sink(req, asyncio.Queue(), asyncio.get_running_loop())
+        engine._submit(sink)
+        return await asyncio.wait_for(sink.outputs.get(), 5), req.request_id
+
+    item, request_id = asyncio.run(late())
+    assert isinstance(item, EngineDead) and "shutting down" in str(item)
+    assert request_id not in engine._ids

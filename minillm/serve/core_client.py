@@ -107,6 +107,7 @@ class EngineCoreClient(EngineClient):
         self._writer = threading.Thread(target=self._write, name="minillm-core-writer",
                                         daemon=True)
         self._stopping = False
+        self._closed = False  # set once every stream has been ended: no request may join
 
     @staticmethod
     def _launch() -> tuple[subprocess.Popen, Connection]:
@@ -183,6 +184,9 @@ class EngineCoreClient(EngineClient):
     def _submit(self, sink: Sink) -> None:
         req = sink.request
         with self._lock:
+            if self._closed:  # the core stopped after stream() checked
+                self._refuse(sink)
+                return
             self._sinks[req.request_id] = sink
             self._outputs.add(req)
         self._outbox.put(AddRequest(req.request_id, req.prompt_token_ids, req.params,
@@ -266,6 +270,7 @@ class EngineCoreClient(EngineClient):
             log.error("the engine core failed (%s); ending every request in flight", self.error)
         error = self.error or EngineDead("the server is shutting down")
         with self._lock:
+            self._closed = True
             self._deliver([(request_id, error) for request_id in list(self._sinks)])
             for request_id in list(self._aborting):
                 self.release_id(request_id)

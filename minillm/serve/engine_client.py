@@ -183,6 +183,12 @@ class EngineClient:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_fan_out, deliveries)
 
+    def _refuse(self, sink: Sink) -> None:
+        """On the event loop: a request that reached an engine which has just stopped (after
+        stream's check) gets the stop's error at once, rather than wait forever."""
+        self.release_id(sink.request.request_id)
+        sink.outputs.put_nowait(self.error or EngineDead("the server is shutting down"))
+
     def _stream_ended(self, request_id: str) -> None:
         """A stream has had its last item: its id is free once the engine forgot it too."""
         self.release_id(request_id)

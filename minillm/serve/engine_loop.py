@@ -56,6 +56,8 @@ class EngineLoop(EngineClient):
         self.speculative = self.engine.spec is not None
         self.torch_threads = torch.get_num_threads()
         self._inbox: queue.SimpleQueue[Sink | _Abort | None] = queue.SimpleQueue()
+        self._inbox_lock = threading.Lock()  # the thread's end closes the inbox under it
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
 
     # ---- called from the event loop ---------------------------------------------------------
@@ -86,7 +88,11 @@ class EngineLoop(EngineClient):
         return self.engine.make_request(prompt, params, request_id, arrival_time, priority)
 
     def _submit(self, sink: Sink) -> None:
-        self._inbox.put(sink)
+        with self._inbox_lock:
+            if not self._closed:
+                self._inbox.put(sink)
+                return
+        self._refuse(sink)
 
     def _cancel(self, request: Request) -> None:
         self._inbox.put(_Abort(request))
@@ -111,6 +117,15 @@ class EngineLoop(EngineClient):
             self._end_all()
 
     def _end_all(self) -> None:
+        with self._inbox_lock:  # requests queued since the last drain never reach the engine
+            self._closed = True
+            while True:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, Sink):
+                    self._sinks[item.request.request_id] = item
         for request_id in list(self.engine.requests):
             self.engine.abort_request(request_id)
         error = self.error or EngineDead("the server is shutting down")
