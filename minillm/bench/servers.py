@@ -22,7 +22,6 @@ from typing import Any
 
 from minillm.bench.engine import Ratio
 from minillm.calc import machine
-from minillm.serve.client import benchmark
 from minillm.serve.server_process import ServerProcess
 from minillm.workloads.streams import Workload, closed_loop, poisson
 
@@ -54,6 +53,8 @@ def effective_rate(workload: Workload) -> float:
 def serve_once(flags: Sequence[str], runs: dict[str, tuple[Workload, int | None]],
                server_args: Sequence[str]) -> dict[str, Figures]:
     """Start a server with flags, warm it up, run each load on it; vLLM's figures per load."""
+    from minillm.serve.client import benchmark  # aiohttp: not on every machine (the GPU run's)
+
     with ServerProcess([*flags, "--log-level", "warning", *server_args]) as server:
         warm, _ = next(iter(runs.values()))
         benchmark(server.url, warm[:8], max_concurrency=4, num_warmups=0)
