@@ -42,7 +42,7 @@ def serve(client, prompts, params):
         request_id = client.reserve_id("t", f"r{i}")
         req = client.make_request(prompt, p, request_id, time.perf_counter())
         last = None
-        async for last in client.stream(req):
+        async for last in client.stream(req):  # noqa: B007 - the last is the finished one
             pass
         return last
 
@@ -121,7 +121,7 @@ def test_a_request_the_core_refuses_fails_alone(client, reference):
     async def both():
         async def last(req):
             out = None
-            async for out in client.stream(req):
+            async for out in client.stream(req):  # noqa: B007 - the last is the finished one
                 pass
             return out
         good = client.make_request("KING.\n", SamplingParams(max_tokens=8, temperature=0),

@@ -45,7 +45,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("the public API", ["minillm"]),
     ("what readers run: widgets, labs, benchmarks, training, the CLI", [
         "widgets", "widgets.*", "minillm.labs", "minillm.labs.*", "minillm.bench",
-        "minillm.bench.*", "minillm.train", "minillm.train.*", "minillm.cli"]),
+        "minillm.bench.*", "minillm.train", "minillm.train.*", "minillm.cli", "minillm.peers",
+        "minillm.peers.*"]),
 ]
 
 

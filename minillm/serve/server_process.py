@@ -117,7 +117,7 @@ class ServerProcess:
         self.model_load: float | None = None
         self._finalizer: weakref.finalize | None = None
         for attempt in range(attempts):
-            started = self._launch(child_env(threads))
+            started = self._launch(self.environment(threads))
             ready = self._wait_for_health(started, timeout)
             if ready:
                 self.start_up = time.perf_counter() - started
@@ -144,6 +144,10 @@ class ServerProcess:
         self.pid = self._proc.pid
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._log, 15.0)
         return started
+
+    def environment(self, torch_threads: int | None) -> dict[str, str]:
+        """The child's environment (child_env); another server's launcher adds its own."""
+        return child_env(torch_threads)
 
     def command(self) -> list[str]:
         """The child's command line: `python -m minillm.serve ARGS --host H --port P`."""
