@@ -109,3 +109,35 @@ def test_greedy_outputs_match_vllm_token_for_token(served_vllm):
                                      mine.token_ids):
             worst = max(worst, abs(lp - chosen[token]))
     assert worst < 2e-3, f"the largest log-probability gap is {worst:.2e}"
+
+
+APPENDIX = Path(__file__).parents[1] / "chapters" / "appendix_engines.md"
+
+
+def appendix_vllm_names() -> tuple[set[str], set[str]]:
+    """The flags in the appendix's vLLM rows, and every vllm: metric it names."""
+    import re
+
+    text = APPENDIX.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| vLLM |")]
+    flags = {f for row in rows for f in re.findall(r"`(--?[a-z][a-z-]*)", row)}
+    return flags, set(re.findall(r"vllm:[a-z_]+", text))
+
+
+def test_the_appendix_names_vllm_flags_and_metrics():
+    flags, metrics = appendix_vllm_names()
+    assert {"--max-num-seqs", "--max-num-batched-tokens", "-tp"} <= flags
+    assert "vllm:time_to_first_token_seconds" in metrics
+
+
+@needs_vllm
+def test_every_vllm_flag_and_metric_the_appendix_names_is_the_installed_vllms(served_vllm):
+    flags, metrics = appendix_vllm_names()
+    help_text = subprocess.run([str(vllm.vllm_executable()), "serve", "--help=all"],
+                               capture_output=True, text=True, env=vllm.run_environment(),
+                               timeout=300).stdout
+    missing = sorted(f for f in flags if f" {f}" not in help_text and f"{f}," not in help_text)
+    assert not missing, f"not flags of vLLM {vllm.VERSION}'s serve: {missing}"
+    exposed = urllib.request.urlopen(served_vllm.url + "/metrics").read().decode()
+    missing = sorted(m for m in metrics if m not in exposed)
+    assert not missing, f"not in vLLM {vllm.VERSION}'s /metrics: {missing}"

@@ -112,3 +112,12 @@ def test_the_child_imports_this_minillm_and_pins_threads() -> None:
     assert env["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in child_env(None) or \
         child_env(None)["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS")
+
+
+def test_a_failed_start_names_the_first_exception_its_output_printed() -> None:
+    log = ("INFO starting\n(Worker pid=7) ERROR [executor.py:1063] ValueError: No common block "
+           "size for 16 (CPU_ATTN: [MultipleOf(32)]).\n" + "noise\n" * 500 +
+           "RuntimeError: Engine core initialization failed.\n")
+    assert server_process.first_error(log) == \
+        ": ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
+    assert server_process.first_error("INFO all is well\n") == ""

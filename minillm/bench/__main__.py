@@ -1,6 +1,6 @@
-"""python -m minillm.bench engine | overhead | host | serve | servers | simulate | kernels | gpu |
-prefix | preempt | spec | quant | chapters: side-by-side figures, and the chapters run outside
-Jupyter."""
+"""python -m minillm.bench engine | overhead | host | serve | servers | peers | simulate |
+kernels | gpu | prefix | preempt | spec | quant | chapters: side-by-side figures, and the
+chapters run outside Jupyter."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from minillm.bench import (
     host,
     kernels,
     overhead,
+    peers,
     preempt,
     prefix,
     quant,
@@ -31,8 +32,9 @@ from minillm.calc import machine
 # an exit status or, for engine and simulate, the figures it printed (then 0). Those that time
 # the Triton kernels on an NVIDIA GPU need CUDA.
 COMMANDS = {"engine": engine, "overhead": overhead, "host": host, "kernels": kernels, "gpu": gpu,
-            "serve": serve, "servers": servers, "simulate": simulate, "chapters": chapters,
-            "tiles": tiles, "prefix": prefix, "preempt": preempt, "spec": spec, "quant": quant}
+            "serve": serve, "servers": servers, "peers": peers, "simulate": simulate,
+            "chapters": chapters, "tiles": tiles, "prefix": prefix, "preempt": preempt,
+            "spec": spec, "quant": quant}
 NEEDS_CUDA = {"kernels", "gpu"}
 
 

@@ -1,23 +1,26 @@
 """python -m minillm.bench servers: `minillm serve` with its engine core on a thread of the HTTP
 server's process and in a process of its own, side by side over HTTP.
 
-Each design serves the same two loads in turn, in a fresh server: an open loop of Poisson
-arrivals (vLLM's benchmark at 8 requests/s, 64 tokens in and out, by default) and a closed loop
-of clients that send their next request as each reply ends. Rounds alternate the order, so a
-busy neighbour slows both alike. The report gives each design's TTFT, TPOT and ITL at p50 and
-p99 and its output throughput, as the median over the rounds with their range, and the own
-process's ratio to the thread, per round, as a median with its spread.
+Each contender serves the same two loads: an open loop of Poisson arrivals (vLLM's benchmark
+at 8 requests/s, 64 tokens in and out, by default) and a closed loop of clients that send their
+next request as each reply ends. Rounds alternate the order, so a busy neighbour slows both
+alike. The report gives each contender's TTFT, TPOT and ITL at p50 and p99 and its output
+throughput, as the median over the rounds with their range, and the second's ratio to the
+first, per round, as a median with its spread.
 
-The client is minillm's (minillm.serve.client, vLLM's definitions), in this process; each
-server is `python -m minillm.serve` in a process of its own (ServerProcess), its engine core in
-a third where it has one.
+The same runner compares minillm with other engines (bench peers): a contender is anything that
+starts an OpenAI-compatible server (a ServerProcess), a client anything that measures one with
+vLLM's result-JSON names. minillm's client (minillm.serve.client) runs in this process; each
+server in a process of its own, and minillm's engine core in a third where it has one.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from minillm.bench.engine import Ratio
@@ -25,23 +28,58 @@ from minillm.calc import machine
 from minillm.serve.server_process import ServerProcess
 from minillm.workloads.streams import Workload, closed_loop, poisson
 
-DESIGNS = {"thread": ["--no-engine-core-process"], "own process": ["--engine-core-process"]}
-# (figure in the result JSON, its label, whether lower is better)
-FIGURES = [("median_ttft_ms", "TTFT p50 (ms)", True), ("p99_ttft_ms", "TTFT p99 (ms)", True),
-           ("median_tpot_ms", "TPOT p50 (ms)", True), ("p99_tpot_ms", "TPOT p99 (ms)", True),
-           ("median_itl_ms", "ITL p50 (ms)", True), ("p99_itl_ms", "ITL p99 (ms)", True),
-           ("output_throughput", "output tokens/s", False)]
+# (figure in the result JSON, its label)
+FIGURES = [("median_ttft_ms", "TTFT p50 (ms)"), ("p99_ttft_ms", "TTFT p99 (ms)"),
+           ("median_tpot_ms", "TPOT p50 (ms)"), ("p99_tpot_ms", "TPOT p99 (ms)"),
+           ("median_itl_ms", "ITL p50 (ms)"), ("p99_itl_ms", "ITL p99 (ms)"),
+           ("output_throughput", "output tokens/s")]
 Figures = dict[str, float]
 
 
+@dataclass(frozen=True)
+class Load:
+    """One load: the workload minillm's client sends, and how (vLLM's client draws its own
+    prompts of the same lengths, at the same rate and concurrency)."""
+
+    name: str
+    workload: Workload
+    concurrency: int | None
+    rate: float
+    input_len: int
+    output_len: int
+    seed: int
+
+
+Client = Callable[[str, Load], Figures]  # (server URL, load) -> vLLM's figures
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    start: Callable[[], ServerProcess]  # a server on a free loopback port, ready
+
+
+def minillm_client(url: str, load: Load) -> Figures:
+    """minillm's benchmark client, after a warm-up of 8 requests of the load's shape."""
+    from minillm.serve.client import benchmark  # aiohttp: not on every machine (the GPU run's)
+
+    benchmark(url, load.workload[:8], max_concurrency=4, num_warmups=0)
+    result = benchmark(url, load.workload, max_concurrency=load.concurrency, num_warmups=0)
+    if result.errors:
+        raise RuntimeError(f"{len(result.errors)} requests failed on {url}: "
+                           f"{result.errors[0]}")
+    return result.as_dict(percentiles=(50, 99))
+
+
 def loads(num_prompts: int, rate: float, concurrency: int, input_len: int, output_len: int,
-          seed: int) -> dict[str, tuple[Workload, int | None]]:
-    """The open and the closed loop, each with its concurrency bound."""
-    return {f"open loop, {rate:g} req/s": (
-                poisson(num_prompts, rate, input_len, output_len, seed=seed), None),
-            f"closed loop, {concurrency} in flight": (
-                closed_loop(num_prompts, concurrency, input_len, output_len, seed=seed),
-                concurrency)}
+          seed: int) -> list[Load]:
+    """The open and the closed loop."""
+    return [Load(f"open loop, {rate:g} req/s",
+                 poisson(num_prompts, rate, input_len, output_len, seed=seed), None, rate,
+                 input_len, output_len, seed),
+            Load(f"closed loop, {concurrency} in flight",
+                 closed_loop(num_prompts, concurrency, input_len, output_len, seed=seed),
+                 concurrency, float("inf"), input_len, output_len, seed)]
 
 
 def effective_rate(workload: Workload) -> float:
@@ -50,60 +88,73 @@ def effective_rate(workload: Workload) -> float:
     return (len(workload) - 1) / span if span > 0 else float("inf")
 
 
-def serve_once(flags: Sequence[str], runs: dict[str, tuple[Workload, int | None]],
-               server_args: Sequence[str]) -> dict[str, Figures]:
-    """Start a server with flags, warm it up, run each load on it; vLLM's figures per load."""
-    from minillm.serve.client import benchmark  # aiohttp: not on every machine (the GPU run's)
-
-    with ServerProcess([*flags, "--log-level", "warning", *server_args]) as server:
-        warm, _ = next(iter(runs.values()))
-        benchmark(server.url, warm[:8], max_concurrency=4, num_warmups=0)
-        figures = {}
-        for name, (workload, concurrency) in runs.items():
-            result = benchmark(server.url, workload, max_concurrency=concurrency, num_warmups=0)
-            if result.errors:
-                raise RuntimeError(f"{len(result.errors)} requests failed on {server.url}: "
-                                   f"{result.errors[0]}")
-            figures[name] = result.as_dict(percentiles=(50, 99))
-        return figures
+Results = list[dict[tuple[str, str], dict[str, Figures]]]  # [round][contender, client][load]
 
 
-def compare(rounds: int, runs: dict[str, tuple[Workload, int | None]],
-            server_args: Sequence[str] = (), progress: bool = True
-            ) -> list[dict[str, dict[str, Figures]]]:
-    """rounds x both designs, alternating which goes first: [round][design][load] -> figures."""
-    results = []
-    for r in range(rounds):
-        order = list(DESIGNS) if r % 2 == 0 else list(reversed(DESIGNS))
-        results.append({})
-        for design in order:
-            if progress:
-                print(f"round {r + 1}/{rounds}: the engine core's {design} ...", flush=True)
-            results[-1][design] = serve_once(DESIGNS[design], runs, server_args)
+def compare(rounds: int, runs: Sequence[Load], contenders: Sequence[Contender],
+            clients: dict[str, Client], keep_up: bool = False, progress: bool = True) -> Results:
+    """rounds x every contender, alternating which goes first; each client measures each load
+    on each. keep_up: start each server once and keep it for every round (a server whose
+    start takes minutes), else a fresh server per round."""
+    results: Results = []
+    with ExitStack() as servers:
+        up = {c.name: servers.enter_context(c.start()) for c in contenders} if keep_up else {}
+        for r in range(rounds):
+            order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
+            results.append({})
+            for contender in order:
+                if progress:
+                    print(f"round {r + 1}/{rounds}: {contender.name} ...", flush=True)
+                with ExitStack() as fresh:
+                    server = up.get(contender.name) or fresh.enter_context(contender.start())
+                    for client_name, client in clients.items():
+                        results[-1][contender.name, client_name] = {
+                            load.name: client(server.url, load) for load in runs}
     return results
 
 
-def report(results: list[dict[str, dict[str, Figures]]],
-           runs: dict[str, tuple[Workload, int | None]]) -> str:
+def report(results: Results, loads_: Sequence[str]) -> str:
+    """A table per load: each (contender, client) column's median and range over the rounds,
+    then each later contender's ratio to the first, per client."""
+    columns = list(results[0])
+    first = columns[0][0]
     lines = []
-    first, second = DESIGNS
-    for load in runs:
+    for load in loads_:
         lines.append(f"\n{load}:")
-        lines.append(f"  {'':18s}{first:>22s}{second:>22s}   {second} / {first}")
-        for key, label, _ in FIGURES:
+        lines.append(f"  {'':18s}" + "".join(f"{_label(c):>26s}" for c in columns))
+        for key, label in FIGURES:
             cells = []
-            for design in DESIGNS:
-                values = [r[design][load][key] for r in results]
-                cells.append(f"{statistics.median(values):8.1f} ({min(values):.1f}-"
+            for column in columns:
+                values = [r[column][load][key] for r in results]
+                cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}-"
                              f"{max(values):.1f})")
-            ratio = Ratio(tuple(r[second][load][key] / r[first][load][key] for r in results))
-            lines.append(f"  {label:18s}{cells[0]:>22s}{cells[1]:>22s}   {ratio}")
+            lines.append(f"  {label:18s}" + "".join(f"{cell:>26s}" for cell in cells))
+        for column in columns:
+            if column[0] == first:
+                continue
+            base = (first, column[1])
+            lines.append(f"  {column[0]} / {first}" + (f" ({column[1]}'s client)"
+                                                      if len({c[1] for c in columns}) > 1
+                                                      else "") + ":")
+            for key, label in FIGURES:
+                ratio = Ratio(tuple(r[column][load][key] / r[base][load][key]
+                                    for r in results))
+                lines.append(f"    {label:18s}{ratio}")
     return "\n".join(lines)
+
+
+def _label(column: tuple[str, str]) -> str:
+    contender, client = column
+    return contender if client == "minillm" else f"{contender} ({client} client)"
+
+
+DESIGNS = {"thread": ["--no-engine-core-process"], "own process": ["--engine-core-process"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--rounds", type=int, default=2, help="times each design serves both loads, alternating")
+    add("--rounds", type=int, default=2, help="times each contender serves both loads, "
+        "alternating which goes first")
     add("--num-prompts", type=int, default=100)
     add("--request-rate", type=float, default=8.0, help="the open loop's rate (requests/s)")
     add("--max-concurrency", type=int, default=16, help="the closed loop's clients")
@@ -114,15 +165,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="flags for both servers, e.g. --server-args --max-num-seqs 32 (last on the line)")
 
 
+def describe(args: argparse.Namespace, runs: Sequence[Load], what: str) -> None:
+    print(f"{what}   ({machine.describe()})")
+    print(f"{runs[0].name}: {args.num_prompts} requests of {args.input_len} tokens in, "
+          f"{args.output_len} out (ignore_eos, greedy); minillm's client's seeded draw offers "
+          f"{effective_rate(runs[0].workload):.2f} req/s")
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     runs = loads(args.num_prompts, args.request_rate, args.max_concurrency, args.input_len,
                  args.output_len, args.seed)
-    print(f"minillm serve, the engine core on a thread vs in its own process   "
-          f"({machine.describe()})")
-    open_name, (open_load, _) = next(iter(runs.items()))
-    print(f"{open_name}: {args.num_prompts} requests of {args.input_len} tokens in, "
-          f"{args.output_len} out (ignore_eos); the seeded draw's effective rate "
-          f"{effective_rate(open_load):.2f} req/s")
-    results = compare(args.rounds, runs, args.server_args)
-    print(report(results, runs))
+    describe(args, runs, "minillm serve, the engine core on a thread vs in its own process")
+    contenders = [Contender(name, lambda flags=flags: ServerProcess(
+        [*flags, "--log-level", "warning", *args.server_args])) for name, flags in DESIGNS.items()]
+    results = compare(args.rounds, runs, contenders, {"minillm": minillm_client})
+    print(report(results, [load.name for load in runs]))
     return {"rounds": results}

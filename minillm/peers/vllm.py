@@ -73,6 +73,11 @@ def serve_environment() -> dict[str, str]:
     return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_HOST_IP": "127.0.0.1"}
 
 
+def run_environment() -> dict[str, str]:
+    """This process's environment with serve_environment's: for vLLM's server and its client."""
+    return {**os.environ, **serve_environment()}
+
+
 def _site_packages(folder: Path) -> Path:
     python = f"python{sys.version_info.major}.{sys.version_info.minor}"
     purelib = Path(sysconfig.get_paths()["purelib"])
@@ -208,7 +213,7 @@ class VLLMServer(ServerProcess):
                          timeout=timeout, torch_threads=None)
 
     def environment(self, torch_threads: int | None) -> dict[str, str]:
-        return {**os.environ, **serve_environment()}
+        return run_environment()
 
     def command(self) -> list[str]:
         return [str(vllm_executable(self.folder)), "serve", self.model, *self.args,

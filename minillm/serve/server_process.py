@@ -58,6 +58,13 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+def first_error(log: str) -> str:
+    """The first line of log that names an exception ("ValueError: ..."), as ": LINE": a server
+    of several processes (vLLM's) prints its cause long before its last words."""
+    match = re.search(r"^.*?\b(\w+(?:Error|Exception): .+)$", log, re.M)
+    return f": {match.group(1)[:500]}" if match else ""
+
+
 def _stop(proc: subprocess.Popen, log: IO[bytes], grace: float) -> None:
     """SIGTERM (the server's graceful shutdown), SIGKILL after `grace` seconds; close the log."""
     try:
@@ -129,8 +136,8 @@ class ServerProcess:
             self.close()
             if not (taken and attempt + 1 < attempts):  # another process took the port: retry
                 raise RuntimeError(f"the server did not answer /health on {self.url} within "
-                                   f"{timeout:g} s (exit status {self._proc.returncode}); its "
-                                   f"output ends:\n{log[-2000:]}")
+                                   f"{timeout:g} s (exit status {self._proc.returncode})"
+                                   f"{first_error(log)}; its output ends:\n{log[-2000:]}")
 
     def _launch(self, env: dict[str, str]) -> float:
         self.port = free_port(self.host)

@@ -1,0 +1,48 @@
+"""bench peers: minillm serve and vLLM serve side by side under both clients. Without vLLM it
+says how to set it up; the command vLLM's client runs; the contenders' shared settings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from minillm.bench import peers, servers
+from minillm.bench.__main__ import main
+from minillm.peers import vllm
+
+
+def test_without_vllm_it_says_how_to_set_it_up(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(vllm.FOLDER_ENV, str(tmp_path / "none"))
+    assert main(["peers"]) == 2
+    assert vllm.SETUP_COMMAND in capsys.readouterr().out
+
+
+def test_both_servers_get_the_same_scheduler_settings():
+    found = peers.contenders(["auto", "float32"])
+    assert [c.name for c in found] == ["minillm", "vLLM", "vLLM float32"]
+    flags = dict(zip(peers.SHARED_FLAGS[::2], peers.SHARED_FLAGS[1::2]))
+    assert flags["--block-size"] == "32"  # vLLM's CPU attention takes multiples of 32
+    assert {"--max-num-seqs", "--max-num-batched-tokens", "--max-model-len"} <= set(flags)
+
+
+def test_vllms_client_gets_the_loads_shape_and_its_json_is_read(monkeypatch):
+    seen = {}
+
+    def fake_run(command, **kwargs):
+        seen["command"], seen["env"] = command, kwargs["env"]
+        out = Path(command[command.index("--result-dir") + 1])
+        (out / "result.json").write_text(json.dumps({"median_tpot_ms": 5.0, "failed": 0}))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    closed = servers.loads(20, 8.0, 4, 64, 32, seed=3)[1]
+    figures = peers.vllm_client()("http://127.0.0.1:9", closed)
+    assert figures["median_tpot_ms"] == 5.0
+    command = seen["command"]
+    args = dict(zip(command[3:], command[4:]))
+    assert command[1:3] == ["bench", "serve"]
+    assert (args["--random-input-len"], args["--random-output-len"], args["--num-prompts"],
+            args["--max-concurrency"], args["--seed"]) == ("64", "32", "20", "4", "3")
+    assert "--ignore-eos" in command and args["--temperature"] == "0"
+    assert seen["env"]["VLLM_TARGET_DEVICE"] == "cpu"
