@@ -121,14 +121,14 @@ def report(results: Results, loads_: Sequence[str]) -> str:
     lines = []
     for load in loads_:
         lines.append(f"\n{load}:")
-        lines.append(f"  {'':18s}" + "".join(f"{_label(c):>26s}" for c in columns))
+        lines.append(f"  {'':18s}" + "".join(f"{_label(c):>30s}" for c in columns))
         for key, label in FIGURES:
             cells = []
             for column in columns:
                 values = [r[column][load][key] for r in results]
                 cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}-"
                              f"{max(values):.1f})")
-            lines.append(f"  {label:18s}" + "".join(f"{cell:>26s}" for cell in cells))
+            lines.append(f"  {label:18s}" + "".join(f"{cell:>30s}" for cell in cells))
         for column in columns:
             if column[0] == first:
                 continue
