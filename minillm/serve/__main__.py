@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"minillm serve: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (a core's process goes with it)
+        print("minillm serve: interrupted while starting", file=sys.stderr)
+        return 130
     name = args.served_model_name or engine.model_name
     app = build_app(engine, name, config, args.host)
     engine = app.state.server.engine  # the EngineClient serving the flags' engine
@@ -203,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     # shutdown_grace seconds, then each ends with an error event or a 503 (GracefulServer).
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down for: done, quietly
+        pass
     finally:  # the app's shutdown stops it; if the app never started, this does
         engine.stop(0)
     if engine.error is not None:
