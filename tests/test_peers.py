@@ -141,3 +141,22 @@ def test_every_vllm_flag_and_metric_the_appendix_names_is_the_installed_vllms(se
     exposed = urllib.request.urlopen(served_vllm.url + "/metrics").read().decode()
     missing = sorted(m for m in metrics if m not in exposed)
     assert not missing, f"not in vLLM {vllm.VERSION}'s /metrics: {missing}"
+
+
+@needs_vllm
+def test_minillms_client_and_vllms_agree_on_the_same_server():
+    # Both clients drive one minillm server with a closed loop of 4 (so neither's arrival draw
+    # matters), 32 requests of 32 tokens in and out. Their prompts differ (each draws its own
+    # random ids) and their requests interleave differently, which on this machine moved TPOT
+    # p50 by under 10% between them (bench peers); 25% leaves room for a busy machine and still
+    # catches a definition that differs (a TPOT over all tokens, or a first token counted twice).
+    from minillm.bench import peers, servers
+    from minillm.serve.server_process import ServerProcess
+
+    load = servers.loads(32, 8.0, 4, 32, 32, seed=0)[1]
+    with ServerProcess(["--max-num-seqs", "8"]) as server:
+        ours = servers.minillm_client(server.url, load)
+        theirs = peers.vllm_client()(server.url, load)
+    for key in ("median_tpot_ms", "median_itl_ms"):
+        assert 0.75 < theirs[key] / ours[key] < 1.33, (key, ours[key], theirs[key])
+    assert theirs["completed"] == ours["completed"] == 32
