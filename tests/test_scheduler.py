@@ -68,7 +68,7 @@ class FakeEngine:
 
     def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> Request:
         c, n = self.config, len(prompt)
-        # Engine._check_fits: what the engine accepts, the scheduler must be able to finish.
+        # InputProcessor.check_fits: what the engine accepts, the scheduler must be able to finish.
         assert self.bm.num_blocks_for(n + max_tokens) <= self.bm.num_blocks
         assert c.enable_chunked_prefill or n <= c.max_num_batched_tokens
         self.count += 1

@@ -104,11 +104,10 @@ class CoreStep(NamedTuple):
 
 @dataclass(frozen=True)
 class CoreFailed:
-    """The core could not start (starting) or a step failed: the exception, as text."""
+    """The core could not start, or a step failed: the exception, as text."""
 
     kind: str
     message: str
-    starting: bool
 
 
 Hook = str  # "package.module:function", called with the core's LLM once it is built (tests)
@@ -147,14 +146,14 @@ class EngineCore:
                                         engine.stats()))
                 elif forgotten:  # aborts freed blocks: let the front end's gauges say so
                     self._send(CoreStep([], forgotten, engine.stats()))
-        except (EOFError, OSError):  # the front end has gone: nobody to serve
+        except EOFError:  # the front end has gone (_send, _take_messages): nobody to serve
             return 0
         except BaseException as e:
             log.exception("the engine step failed; ending every request in flight")
             for request_id in list(engine.requests):
                 engine.abort_request(request_id)
             try:
-                self._send(CoreFailed(type(e).__name__, f"{e}", starting=False))
+                self._send(CoreFailed(type(e).__name__, f"{e}"))
             except EOFError:
                 pass
             return 1
@@ -162,15 +161,20 @@ class EngineCore:
     def _send(self, message: object) -> None:
         try:
             self.conn.send(message)
-        except (BrokenPipeError, EOFError, OSError):
+        except OSError:  # a broken pipe: the front end has gone
             raise EOFError from None
 
     def _take_messages(self, block: bool) -> list[str] | None:
         """Apply every queued add and abort (waiting for one when idle); the ids aborted, or
         None when told to stop."""
         forgotten: list[str] = []
-        while block or self.conn.poll():
-            message = self.conn.recv()
+        while True:
+            try:
+                if not (block or self.conn.poll()):
+                    break
+                message = self.conn.recv()
+            except OSError:  # a reset pipe: the front end has gone, as with EOF
+                raise EOFError from None
             block = False
             if isinstance(message, Shutdown):
                 for request_id in list(self.engine.requests):
@@ -197,7 +201,7 @@ class EngineCore:
         except Exception as e:
             log.warning("could not queue request %s", add.request_id, exc_info=True)
             self._send(CoreStep([CoreOutput(add.request_id, [], None, [], None, 0, "error",
-                                             add.arrival_time, f"{type(e).__name__}: {e}")],
+                                             time.perf_counter(), f"{type(e).__name__}: {e}")],
                                 [], self.engine.stats()))
             return
         self.sent[add.request_id] = 0
@@ -239,7 +243,7 @@ def run_engine_core(conn: Connection, setup: CoreSetup) -> int:
         if setup.hook is not None:
             _call_hook(setup.hook, llm)
     except BaseException as e:  # a bad flag, a missing model: said at start-up
-        conn.send(CoreFailed(type(e).__name__, f"{e}", starting=True))
+        conn.send(CoreFailed(type(e).__name__, f"{e}"))
         if not isinstance(e, (ValueError, OSError, TypeError)):
             traceback.print_exc()
         return 2

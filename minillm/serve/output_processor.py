@@ -38,9 +38,6 @@ class OutputProcessor:
     def drop(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
-    def __len__(self) -> int:
-        return len(self._states)
-
     def process(self, news: CoreOutput) -> tuple[RequestOutput | None, bool]:
         """The request's output after news (None for a request no longer here), and whether
         a stop string ended it here, so the core must be told to drop it."""

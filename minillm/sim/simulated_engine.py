@@ -119,7 +119,7 @@ class Simulator(StepLoop):
         return requests  # type: ignore[return-value]
 
     def check_fits(self, index: int, spec: RequestSpec) -> None:
-        """What Engine._check_fits rejects, rejected up front, naming the request."""
+        """What InputProcessor.check_fits rejects, rejected up front, naming the request."""
         c, n, out = self.config, spec.prompt_len, spec.output_len
         assert c.max_model_len is not None and c.num_kv_blocks is not None
         where = f"request {index} of the workload"
