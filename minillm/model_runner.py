@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 from typing import Any
 
 import torch
@@ -22,12 +23,15 @@ from minillm.attention import get_backend
 from minillm.batch import Batch, build_batch, to_device
 from minillm.config import EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
+from minillm.host_allocator import keep_freed_memory
 from minillm.model import LlamaForCausalLM
 from minillm.quant.kv_pool import allocate_kv_pool, kv_pool_block_bytes
 from minillm.request import ScheduledRequest
 from minillm.sampling import DeviceSample, host_to_device
 from minillm.step_loop import Executed
 from minillm.swap import KVSwapper, num_swap_blocks
+
+X86 = ("x86_64", "AMD64")  # platform.machine()'s names, Linux and Windows
 
 
 @dataclasses.dataclass
@@ -66,6 +70,10 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, tokenizer: Any, config: EngineConfig):
         self.model, self.config = model, config
         self.device = model.lm_head.weight.device
+        if self.device.type == "cpu":
+            keep_freed_memory()  # the step's tensors reused, not paged in anew each step
+            if model.lm_head.weight.dtype == torch.float32 and platform.machine() in X86:
+                model.transpose_weights()  # MKL's faster layout for float32 (see its docstring)
         # kv_scales (L, 2, K): None for a pool in the model's dtype (kv_cache_dtype="auto").
         self.kv_cache, self.kv_scales = allocate_kv_pool(model, tokenizer, config)
         # One block across all layers, K and V: what a swap moves per block.

@@ -7,6 +7,7 @@ minillm from disk. Shapes: T tokens, V vocabulary.
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from support import paged_logits
 
 from minillm import LLM, ModelConfig, SamplingParams, default_model_path
 from minillm.model import LlamaForCausalLM, rope_inv_freq
+from minillm.model_runner import X86
 from minillm.request import RequestOutput
 
 LOGITS_TOL = dict(atol=2e-5, rtol=1e-5)  # fp32 against fp32, same weights, different kernels
@@ -199,6 +201,32 @@ def test_tied_embeddings_share_one_tensor(checkpoints: dict[str, Checkpoint]) ->
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
     untied = LlamaForCausalLM.from_pretrained(checkpoints["llama-gqa"].path)
     assert not torch.equal(untied.lm_head.weight, untied.model.embed_tokens.weight)
+
+
+
+def test_transposed_weights_compute_the_same_projections(checkpoints: dict[str, Checkpoint]
+                                                         ) -> None:
+    model = LlamaForCausalLM.from_pretrained(checkpoints["qwen2"].path)  # tied embeddings
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    torch.manual_seed(0)
+    inputs = {n: torch.randn(5, m.in_features) for n, m in linears.items()}
+    before = {n: m(inputs[n]) for n, m in linears.items()}
+    embedding = model.model.embed_tokens.weight
+    model.transpose_weights()
+    for name, module in linears.items():
+        torch.testing.assert_close(module(inputs[name]), before[name], rtol=1e-5, atol=1e-6)
+        if name != "lm_head":  # stored as W^T's rows: column-major, the same shape
+            assert module.weight.t().is_contiguous() and not module.weight.is_contiguous()
+    assert model.lm_head.weight is model.model.embed_tokens.weight is embedding  # still tied
+    assert embedding.is_contiguous()  # the embedding reads it by rows
+
+
+@pytest.mark.skipif(platform.machine() not in X86, reason="the layout is chosen for x86 CPUs")
+def test_cpu_engine_transposes_float32_weights_only() -> None:
+    fp32 = LLM(dtype="float32", num_kv_blocks=32)
+    assert fp32.model.model.layers[0].mlp.down_proj.weight.t().is_contiguous()
+    bf16 = LLM(dtype="bfloat16", num_kv_blocks=32)  # 4x slower transposed: left as loaded
+    assert bf16.model.model.layers[0].mlp.down_proj.weight.is_contiguous()
 
 
 # ---- generate ----------------------------------------------------------------------------------

