@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from minillm.bench import peers, servers
 from minillm.bench.__main__ import main
 from minillm.peers import vllm
@@ -46,3 +48,14 @@ def test_vllms_client_gets_the_loads_shape_and_its_json_is_read(monkeypatch):
             args["--max-concurrency"], args["--seed"]) == ("64", "32", "20", "4", "3")
     assert "--ignore-eos" in command and args["--temperature"] == "0"
     assert seen["env"]["VLLM_TARGET_DEVICE"] == "cpu"
+
+
+def test_a_profile_is_split_by_what_each_operator_does():
+    found = {"wall_us": 10_000.0, "ops": {
+        "aten::mm": 3000.0, "_C::onednn_mm": 1000.0,  # minillm's matmul, vLLM's
+        "aten::_scaled_dot_product_flash_attention_for_cpu": 1000.0, "aten::index_select": 500.0,
+        "_C::cpu_attention_with_kv_cache": 700.0, "_C::cpu_attn_reshape_and_cache": 100.0,
+        "aten::mul": 400.0, "## Call CompiledFxGraph None ##": 300.0}}
+    ms = peers.split_profile(found)
+    assert ms == pytest.approx({"matmuls": 4.0, "attention": 2.3, "other": 0.7, "between": 3.0,
+                                "wall": 10.0})
