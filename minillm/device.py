@@ -7,6 +7,9 @@ and a laptop each get the engine that suits them, and the rules are tested on fa
 
 - dtype: float32 on a CPU; on a GPU bfloat16 from compute capability 8.0 (Ampere) and float16
   below it (a T4 is sm_75: no bf16 tensor cores, so Triton has no bf16 dot there).
+  float32 on every CPU, even one with AVX-512 bf16: on such a Xeon minillm's bfloat16 made
+  1,650 tokens/s offline against its float32's 2,000 (0.83x); on an AVX2 CPU, which emulates
+  bf16, it is 6.6x slower (chapter 07 §11).
 - K/V dtypes: "auto" (the model's) and "int8" everywhere; "fp8" (e4m3) where Triton has fp8
   conversions, sm_89 (Ada, Hopper) and up, and on a CPU (torch's reference attention).
 - kernels: the Triton attention backend and CUDA graphs on CUDA, the torch reference elsewhere.
