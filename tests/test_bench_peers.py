@@ -47,6 +47,9 @@ def test_vllms_client_gets_the_loads_shape_and_its_json_is_read(monkeypatch):
     assert (args["--random-input-len"], args["--random-output-len"], args["--num-prompts"],
             args["--max-concurrency"], args["--seed"]) == ("64", "32", "20", "4", "3")
     assert "--ignore-eos" in command and args["--temperature"] == "0"
+    assert args["--dataset-name"] == "random"
+    goodput = command.index("--goodput")
+    assert command[goodput + 1:goodput + 3] == ["ttft:500", "tpot:50"]  # vLLM's form, in ms
     assert seen["env"]["VLLM_TARGET_DEVICE"] == "cpu"
 
 
@@ -59,3 +62,23 @@ def test_a_profile_is_split_by_what_each_operator_does():
     ms = peers.split_profile(found)
     assert ms == pytest.approx({"matmuls": 4.0, "attention": 2.3, "other": 0.7, "between": 3.0,
                                 "wall": 10.0})
+
+
+def test_vllms_client_gets_the_shared_prefix_load_as_its_prefix_repetition_dataset(monkeypatch):
+    seen = {}
+
+    def fake_run(command, **kwargs):
+        seen["command"] = command
+        out = Path(command[command.index("--result-dir") + 1])
+        (out / "result.json").write_text(json.dumps({"failed": 0}))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    shared = servers.loads(20, 8.0, 4, 64, 32, seed=3, prefixes=(256, 4))[-1]
+    peers.vllm_client()("http://127.0.0.1:9", shared)
+    args = dict(zip(seen["command"][3:], seen["command"][4:]))
+    assert args["--dataset-name"] == "prefix_repetition"
+    assert (args["--prefix-repetition-prefix-len"], args["--prefix-repetition-suffix-len"],
+            args["--prefix-repetition-num-prefixes"], args["--prefix-repetition-output-len"]
+            ) == ("256", "64", "4", "32")
+    assert "--random-input-len" not in args

@@ -34,6 +34,18 @@ def test_the_effective_rate_is_what_the_draw_offered():
     assert servers.effective_rate(open_loop) == 49 / span
 
 
+def test_loads_are_an_open_loop_per_rate_the_closed_loop_and_shared_prefixes():
+    found = servers.loads(40, [4.0, 8.0], 4, 16, 8, seed=0, prefixes=(64, 2), slo="ttft:300")
+    assert [load.name for load in found] == [
+        "open loop, 4 req/s", "open loop, 8 req/s", "closed loop, 4 in flight",
+        "shared prefixes, 8 req/s: 2 of 64 tokens"]
+    shared = found[-1]
+    assert (shared.prefix_len, shared.num_prefixes, shared.rate) == (64, 2, 8.0)
+    assert {spec.prompt_len for spec in shared.workload} == {64 + 16}
+    assert {spec.prefix_id for spec in shared.workload} == {0, 1}
+    assert all(load.slo == "ttft:300" for load in found)
+
+
 def test_rounds_alternate_which_contender_serves_first():
     started = []
 
@@ -53,9 +65,13 @@ def test_rounds_alternate_which_contender_serves_first():
 def test_both_designs_serve_both_loads(capsys):
     assert main(["servers", "--rounds", "1", "--num-prompts", "10", "--input-len", "16",
                  "--output-len", "8", "--request-rate", "20", "--max-concurrency", "3",
+                 "--shared-prefix", "32", "2", "--goodput", "ttft:5000",
                  "--server-args", "--max-num-seqs", "4"]) == 0
     out = capsys.readouterr().out
-    for load in ("open loop, 20 req/s:", "closed loop, 3 in flight:"):
+    for load in ("open loop, 20 req/s:", "closed loop, 3 in flight:",
+                 "shared prefixes, 20 req/s: 2 of 32 tokens:"):
         assert load in out
-    assert out.count("own process / thread:") == 2
-    assert out.count("(one round: no spread)") == 2 * len(servers.FIGURES)
+    assert out.count("own process / thread:") == 3
+    assert out.count("(one round: no spread)") == 3 * len(servers.FIGURES)
+    goodput = [line for line in out.splitlines() if line.strip().startswith("goodput (req/s)")]
+    assert len(goodput) == 6 and all("n/a" not in line for line in goodput)

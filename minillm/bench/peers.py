@@ -39,17 +39,29 @@ SHARED_FLAGS = ["--max-num-seqs", "64", "--max-num-batched-tokens", "2048", "--b
                 "--max-model-len", "2048", "--enable-prefix-caching"]
 
 
+def dataset(load: Load) -> list[str]:
+    """vLLM's client's dataset flags for a load: random prompts, or shared prefixes (its
+    prefix_repetition dataset: num_prefixes random prefixes, each with its own suffixes)."""
+    if load.prefix_len:
+        return ["--dataset-name", "prefix_repetition",
+                "--prefix-repetition-prefix-len", str(load.prefix_len),
+                "--prefix-repetition-suffix-len", str(load.input_len),
+                "--prefix-repetition-num-prefixes", str(load.num_prefixes),
+                "--prefix-repetition-output-len", str(load.output_len)]
+    return ["--dataset-name", "random", "--random-input-len", str(load.input_len),
+            "--random-output-len", str(load.output_len), "--random-range-ratio", "0"]
+
+
 def vllm_client(folder: Path | None = None) -> servers.Client:
     """vLLM's own benchmark client (`vllm bench serve`, from vLLM's environment)."""
     def measure(url: str, load: Load) -> Figures:
         with tempfile.TemporaryDirectory() as out:
             command = [
                 str(vllm.vllm_executable(folder)), "bench", "serve", "--backend", "vllm",
-                "--base-url", url, "--tokenizer", str(default_model_path()),
-                "--dataset-name", "random", "--random-input-len", str(load.input_len),
-                "--random-output-len", str(load.output_len), "--random-range-ratio", "0",
+                "--base-url", url, "--tokenizer", str(default_model_path()), *dataset(load),
                 "--num-prompts", str(len(load.workload)), "--request-rate", str(load.rate),
                 "--seed", str(load.seed), "--ignore-eos", "--temperature", "0",
+                "--goodput", *load.slo.replace(",", " ").split(),
                 "--num-warmups", "8", "--percentile-metrics", "ttft,tpot,itl,e2el",
                 "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result",
                 "--result-dir", out, "--result-filename", "result.json",
@@ -77,6 +89,8 @@ def contenders(dtypes: list[str]) -> list[Contender]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     servers.add_arguments(parser)
+    # Two rates and a shared-prefix load: where the engines' schedulers and prefix caches meet.
+    parser.set_defaults(request_rate=[4.0, 8.0], shared_prefix=[256, 4])
     parser.add_argument("--vllm-dtype", nargs="+", default=["auto"],
                         help="vLLM's dtypes to serve (auto: its default, the model's config)")
     parser.add_argument("--clients", nargs="+", default=["minillm", "vllm"],
@@ -95,7 +109,8 @@ def main(args: argparse.Namespace) -> dict[str, Any] | int:
         print(vllm.not_set_up())
         return 2
     runs = servers.loads(args.num_prompts, args.request_rate, args.max_concurrency,
-                         args.input_len, args.output_len, args.seed)
+                         args.input_len, args.output_len, args.seed, args.shared_prefix,
+                         args.goodput)
     servers.describe(args, runs, f"minillm serve and vLLM serve ({vllm.PACKAGE} "
                                  f"{vllm.VERSION}, a third-party CPU build), side by side")
     found: dict[str, Any] = {}
