@@ -11,12 +11,15 @@ import pytest
 from minillm import host_allocator
 
 # Decode steps of 32 requests, counting the process's minor page faults over the second call
-# (the first one warms up). `keep` False stands the engine's call to keep_freed_memory down.
+# (the first one warms up). `keep` False stands the engine's call to keep_freed_memory down and
+# fixes glibc's mmap threshold at its default.
 COUNT_FAULTS = """
 import resource, sys, torch
 import minillm.model_runner as runner
 from minillm import LLM, SamplingParams
-if sys.argv[1] == "0":
+if sys.argv[1] == "0":  # glibc's default, fixed: its own adapting makes a count vary by run
+    import ctypes
+    ctypes.CDLL("libc.so.6").mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD, glibc's default
     runner.keep_freed_memory = lambda: False
 torch.set_num_threads(1)
 llm = LLM(dtype="float32", num_kv_blocks=512)
@@ -39,7 +42,9 @@ def minor_faults(keep: bool) -> int:
 def test_kept_memory_stops_decode_steps_faulting_pages_in() -> None:
     assert host_allocator.keep_freed_memory() and host_allocator.keep_freed_memory()  # idempotent
     kept, default = minor_faults(True), minor_faults(False)
-    # Default glibc unmaps the step's multi-MB tensors as they are freed and faults them in
-    # again (19,000 faults in one generate call here); kept, the heap reuses them (2,300, 8x
-    # fewer). A fault count does not depend on how busy the machine is.
-    assert kept * 4 < default, (kept, default)
+    # At glibc's default threshold each of the step's multi-MB tensors is mapped on its own and
+    # faulted in again every step (204,000 faults in that generate call here); kept, the heap
+    # reuses them (1,000 to 3,300). glibc left to adapt its threshold lands in between, from
+    # run to run (9,000 to 19,000 here), so the test fixes it. Faults, not time: a busy
+    # machine does not change the count.
+    assert kept * 20 < default, (kept, default)
