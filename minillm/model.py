@@ -244,20 +244,6 @@ class LlamaForCausalLM(nn.Module):
                 module.fused = enabled
         return self
 
-    def transpose_weights(self) -> LlamaForCausalLM:
-        """Store each projection's weight (out, in) as its transpose's rows: the same values
-        and shape, so F.linear computes the same x @ W^T, but reads W^T from contiguous memory.
-        For float32 on an x86 CPU, torch's matmul (MKL) is faster so: a decode step's
-        projections 2x at one sequence and 10% at 64, on a 2-core AMD EPYC (Zen 2). bfloat16
-        and float16 are 4x slower so: keep the checkpoint's layout there (and on GPUs). A tied
-        lm_head keeps it too: the embedding reads the same tensor by rows. Returns self."""
-        tied = self.model.embed_tokens.weight
-        for module in self.modules():
-            if isinstance(module, nn.Linear) and module.weight is not tied:
-                column_major = module.weight.detach().t().contiguous().t()  # (out, in) view
-                module.weight = nn.Parameter(column_major, requires_grad=False)
-        return self
-
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (S, E) -> (S, V)

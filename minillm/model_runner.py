@@ -24,6 +24,7 @@ from minillm.batch import Batch, build_batch, to_device
 from minillm.config import EngineConfig
 from minillm.cuda_graph import DecodeGraphRunner
 from minillm.host_allocator import keep_freed_memory
+from minillm.layers.weight_layout import transpose_weights
 from minillm.model import LlamaForCausalLM
 from minillm.quant.kv_pool import allocate_kv_pool, kv_pool_block_bytes
 from minillm.request import ScheduledRequest
@@ -73,7 +74,8 @@ class ModelRunner:
         if self.device.type == "cpu":
             keep_freed_memory()  # the step's tensors reused, not paged in anew each step
             if model.lm_head.weight.dtype == torch.float32 and platform.machine() in X86:
-                model.transpose_weights()  # MKL's faster layout for float32 (see its docstring)
+                # MKL's faster layout for float32 (see weight_layout's docstring)
+                transpose_weights(model, tied=model.model.embed_tokens.weight)
         # kv_scales (L, 2, K): None for a pool in the model's dtype (kv_cache_dtype="auto").
         self.kv_cache, self.kv_scales = allocate_kv_pool(model, tokenizer, config)
         # One block across all layers, K and V: what a swap moves per block.

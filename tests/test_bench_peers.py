@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minillm.bench import peers, servers
+from minillm.bench import peers, peers_offline, servers
 from minillm.bench.__main__ import main
 from minillm.peers import vllm
 
@@ -59,7 +59,7 @@ def test_a_profile_is_split_by_what_each_operator_does():
         "aten::_scaled_dot_product_flash_attention_for_cpu": 1000.0, "aten::index_select": 500.0,
         "_C::cpu_attention_with_kv_cache": 700.0, "_C::cpu_attn_reshape_and_cache": 100.0,
         "aten::mul": 400.0, "## Call CompiledFxGraph None ##": 300.0}}
-    ms = peers.split_profile(found)
+    ms = peers_offline.split_profile(found)
     assert ms == pytest.approx({"matmuls": 4.0, "attention": 2.3, "other": 0.7, "between": 3.0,
                                 "wall": 10.0})
 

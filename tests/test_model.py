@@ -16,6 +16,7 @@ import torch
 from support import paged_logits
 
 from minillm import LLM, ModelConfig, SamplingParams, default_model_path
+from minillm.layers.weight_layout import transpose_weights
 from minillm.model import LlamaForCausalLM, rope_inv_freq
 from minillm.model_runner import X86
 from minillm.request import RequestOutput
@@ -212,7 +213,7 @@ def test_transposed_weights_compute_the_same_projections(checkpoints: dict[str, 
     inputs = {n: torch.randn(5, m.in_features) for n, m in linears.items()}
     before = {n: m(inputs[n]) for n, m in linears.items()}
     embedding = model.model.embed_tokens.weight
-    model.transpose_weights()
+    transpose_weights(model, tied=embedding)
     for name, module in linears.items():
         torch.testing.assert_close(module(inputs[name]), before[name], rtol=1e-5, atol=1e-6)
         if name != "lm_head":  # stored as W^T's rows: column-major, the same shape
